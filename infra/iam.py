@@ -1,0 +1,106 @@
+"""IAM policy documents for the compute layer, as plain functions returning dicts (no Pulumi).
+
+The training role is what Horovod pods run as (through EKS Pod Identity): it may read the datasets
+bucket, read and write the checkpoints bucket, and use the data-layer KMS key only through S3 for
+those reads and writes. Nothing else: no bucket administration, no other bucket, no direct KMS use.
+The documents are linted with parliament in tests/infra/test_compute_iam.py (zero findings).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+POLICY_VERSION = "2012-10-17"
+
+# Read a dataset: list keys under datasets/<name>/ and fetch them.
+DATASET_BUCKET_ACTIONS = ("s3:ListBucket",)
+DATASET_OBJECT_ACTIONS = ("s3:GetObject",)
+# Checkpoints: list to find the latest, read to resume, write new ones (multipart for large files,
+# so aborting an interrupted upload is part of writing), delete old ones beyond the retention count.
+CHECKPOINT_BUCKET_ACTIONS = ("s3:ListBucket",)
+CHECKPOINT_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+# SSE-KMS objects: GetObject needs Decrypt, PutObject (and multipart parts) need GenerateDataKey.
+KMS_ACTIONS = ("kms:Decrypt", "kms:GenerateDataKey")
+
+# EKS Pod Identity (no OIDC provider to manage): the service principal and the session tags it sets.
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+POD_IDENTITY_ACTIONS = ("sts:AssumeRole", "sts:TagSession")
+
+# AWS managed policies of the two service roles.
+CLUSTER_ROLE_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
+NODE_ROLE_POLICIES = (
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+    # The VPC CNI runs with the node role: it must attach ENIs and assign pod IPs on every node.
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+)
+CLOUDWATCH_AGENT_POLICIES = ("arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy",)
+
+
+def _statement(sid: str, actions: tuple[str, ...], resources: list[str], **extra: Any) -> dict[str, Any]:
+    return {"Sid": sid, "Effect": "Allow", "Action": list(actions), "Resource": resources, **extra}
+
+
+def training_role_policy(
+    datasets_bucket_arn: str, checkpoints_bucket_arn: str, kms_key_arn: str, region: str
+) -> dict[str, Any]:
+    """Identity policy of the training role (see the module docstring for what and why)."""
+    for label, arn, prefix in (
+        ("datasets bucket", datasets_bucket_arn, "arn:aws:s3:::"),
+        ("checkpoints bucket", checkpoints_bucket_arn, "arn:aws:s3:::"),
+        ("KMS key", kms_key_arn, "arn:aws:kms:"),
+    ):
+        if not isinstance(arn, str) or not arn.startswith(prefix) or "*" in arn:
+            raise ValueError(f"{label} ARN must be a concrete ARN starting with {prefix!r}, got {arn!r}")
+    return {
+        "Version": POLICY_VERSION,
+        "Statement": [
+            _statement("ListDatasets", DATASET_BUCKET_ACTIONS, [datasets_bucket_arn]),
+            _statement("ReadDatasets", DATASET_OBJECT_ACTIONS, [f"{datasets_bucket_arn}/*"]),
+            _statement("ListCheckpoints", CHECKPOINT_BUCKET_ACTIONS, [checkpoints_bucket_arn]),
+            _statement("ReadWriteCheckpoints", CHECKPOINT_OBJECT_ACTIONS, [f"{checkpoints_bucket_arn}/*"]),
+            _statement(
+                "UseDataKeyThroughS3",
+                KMS_ACTIONS,
+                [kms_key_arn],
+                Condition={"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}},
+            ),
+        ],
+    }
+
+
+def pod_identity_trust_policy(cluster_arn: str, namespace: str, service_account: str) -> dict[str, Any]:
+    """Trust policy letting EKS Pod Identity hand this role to ONE service account of ONE cluster.
+
+    Pod Identity tags the session with the cluster ARN, namespace and service account; matching
+    them here keeps any other association in the account from assuming the role (EKS user guide,
+    "Create IAM role with trust policy required by EKS Pod Identity").
+    """
+    return {
+        "Version": POLICY_VERSION,
+        "Statement": [
+            {
+                "Sid": "EksPodIdentity",
+                "Effect": "Allow",
+                "Principal": {"Service": POD_IDENTITY_PRINCIPAL},
+                "Action": list(POD_IDENTITY_ACTIONS),
+                "Condition": {
+                    "StringEquals": {
+                        "aws:RequestTag/eks-cluster-arn": cluster_arn,
+                        "aws:RequestTag/kubernetes-namespace": namespace,
+                        "aws:RequestTag/kubernetes-service-account": service_account,
+                    }
+                },
+            }
+        ],
+    }
+
+
+def service_trust_policy(service: str) -> dict[str, Any]:
+    """Trust policy for an AWS service principal (eks.amazonaws.com, ec2.amazonaws.com)."""
+    return {
+        "Version": POLICY_VERSION,
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole"]},
+        ],
+    }
