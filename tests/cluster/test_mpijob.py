@@ -1,0 +1,223 @@
+"""The MPIJob renderer: schema-valid manifests (CRD + Kubernetes objects), the right commands, bad input."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from cluster.aws.mpijob import (
+    CHECKPOINT_ENV,
+    DATASET_ENV,
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    HUGEPAGES_RESOURCE,
+    LauncherNodes,
+    MPIJobError,
+    WorkerNodes,
+    image_reference,
+    read_image_version,
+    render_mpijob,
+    worker_hostnames,
+    worker_nodes,
+)
+from cluster.aws.outputs import NodeGroupOutput, parse_outputs
+from cluster.backend import Storage
+from cluster.job import MPI_OPERATOR_DISCOVERY_SCRIPT, JobSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# CI runs with a copy of shared/ beside the clone.
+CRD_PATH = REPO_ROOT.parent / "shared" / "schemas" / "kubeflow.org_mpijobs.yaml"
+KUBERNETES_VERSION = "1.33"  # the committed stacks' ringtrain:cluster.kubernetesVersion
+
+NS = "training"
+SA = "ringtrain-trainer"
+STORAGE = Storage(dataset_uri="s3://acme-datasets/datasets/cifar", checkpoint_uri="s3://acme-ckpt/checkpoints/j1")
+LAUNCHER = LauncherNodes(
+    node_selector={"eks.amazonaws.com/capacityType": "ON_DEMAND", "ringtrain.io/node-role": "system"}
+)
+P5 = WorkerNodes(node_group="gpu-efa", instance_types=("p5.48xlarge",), gpus_per_node=8, efa_interfaces=32,
+                 capacity_type="ON_DEMAND")
+G5_SPOT = WorkerNodes(node_group="gpu-spot", instance_types=("g5.12xlarge", "g6.12xlarge"), gpus_per_node=4,
+                      efa_interfaces=0, capacity_type="SPOT")
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/ringtrain:1.2.3"
+
+
+def render(job: JobSpec, workers: WorkerNodes = P5, **kw):
+    return render_mpijob(job, image=IMAGE, storage=STORAGE, namespace=NS, service_account=SA, workers=workers,
+                         launcher=LAUNCHER, **kw)
+
+
+STATIC = JobSpec(name="j1", num_hosts=2, slots_per_host=8, trainer_args=("--steps", "10"))
+ELASTIC = JobSpec(name="j2", num_hosts=4, slots_per_host=4, elastic=True, min_hosts=2)
+
+
+@functools.cache
+def crd_schema() -> dict:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    doc = yaml.load(CRD_PATH.read_text(), Loader=loader)
+    (version,) = [v for v in doc["spec"]["versions"] if v["name"] == "v2beta1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def validate_crd(manifest: dict) -> None:
+    if not CRD_PATH.exists():
+        pytest.skip(f"MPIJob CRD schema not found at {CRD_PATH} (shared/ must sit beside the clone)")
+    jsonschema.Draft7Validator(crd_schema()).validate(manifest)
+
+
+def validate_pod_templates(manifest: dict) -> None:
+    """Each replica's pod template as a Kubernetes PodTemplate, strict (unknown fields are errors)."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for role, replica in manifest["spec"]["mpiReplicaSpecs"].items():
+        obj = {"apiVersion": "v1", "kind": "PodTemplate",
+               "metadata": {"name": f"{manifest['metadata']['name']}-{role.lower()}", "namespace": NS},
+               "template": replica["template"]}
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("job,workers", [(STATIC, P5), (ELASTIC, G5_SPOT)],
+                         ids=["static-efa", "elastic-spot"])
+def test_manifest_is_valid_against_crd_and_kubernetes_schemas(job, workers):
+    manifest = render(job, workers)
+    validate_crd(manifest)
+    validate_pod_templates(manifest)
+
+
+def test_schema_checks_catch_a_broken_manifest():
+    """The validators used above do reject bad manifests (so their passing means something)."""
+    manifest = render(STATIC)
+    bad_crd = copy.deepcopy(manifest)
+    bad_crd["spec"]["slotsPerWorker"] = "eight"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_crd(bad_crd)
+    bad_pod = copy.deepcopy(manifest)
+    bad_pod["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["gpus"] = 8
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_pod_templates(bad_pod)
+
+
+def test_static_launcher_runs_horovodrun_on_the_operator_hostnames():
+    manifest = render(STATIC)
+    spec = manifest["spec"]
+    launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    hosts = "j1-worker-0.j1-worker.training.svc:8,j1-worker-1.j1-worker.training.svc:8"
+    assert launcher["command"] == ["horovodrun", "--gloo", "-np", "16", "-H", hosts,
+                                   "python", "-m", "train", "--steps", "10"]
+    assert "--host-discovery-script" not in launcher["command"]
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert spec["slotsPerWorker"] == 8
+    assert worker_hostnames(STATIC, NS) == ["j1-worker-0.j1-worker.training.svc",
+                                           "j1-worker-1.j1-worker.training.svc"]
+
+
+def test_elastic_launcher_uses_the_operator_discovery_script():
+    manifest = render(ELASTIC, G5_SPOT)
+    spec = manifest["spec"]
+    cmd = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    script = cmd[cmd.index("--host-discovery-script") + 1]
+    assert script == MPI_OPERATOR_DISCOVERY_SCRIPT == "/etc/mpi/discover_hosts.sh"
+    assert cmd[cmd.index("--min-np") + 1] == "8" and cmd[cmd.index("--max-np") + 1] == "16"
+    assert "-H" not in cmd
+    assert spec["launcherCreationPolicy"] == "AtStartup"
+    assert spec["mpiReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
+
+
+def test_launcher_sits_on_on_demand_system_nodes_without_gpus():
+    spec = render(STATIC)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert spec["nodeSelector"] == dict(LAUNCHER.node_selector)
+    assert "tolerations" not in spec  # cannot land on tainted GPU nodes
+    resources = spec["containers"][0]["resources"]
+    assert GPU_RESOURCE not in resources.get("requests", {}) and "limits" not in resources
+    assert spec["serviceAccountName"] == SA
+
+
+def test_efa_workers_request_gpus_efa_hugepages_and_shm():
+    spec = render(STATIC)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    (container,) = spec["containers"]
+    for kind in ("requests", "limits"):
+        res = container["resources"][kind]
+        assert res[GPU_RESOURCE] == 8
+        assert res[EFA_RESOURCE] == 32  # p5.48xlarge: 32 network cards
+        assert res[HUGEPAGES_RESOURCE] == "5120Mi"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms = required["nodeSelectorTerms"]
+    exprs = {e["key"]: e["values"] for e in terms[0]["matchExpressions"]}
+    assert exprs == {"node.kubernetes.io/instance-type": ["p5.48xlarge"],
+                     "eks.amazonaws.com/capacityType": ["ON_DEMAND"]}
+    anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert spec["serviceAccountName"] == SA
+
+
+def test_workers_without_efa_request_no_efa_and_no_hugepages():
+    worker = render(ELASTIC, G5_SPOT)["spec"]["mpiReplicaSpecs"]["Worker"]
+    res = worker["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"][GPU_RESOURCE] == 4
+    assert EFA_RESOURCE not in res["limits"] and HUGEPAGES_RESOURCE not in res["limits"]
+
+
+def test_storage_locations_image_and_run_policy():
+    manifest = render(STATIC, clean_pod_policy="All", backoff_limit=2, ttl_seconds_after_finished=60)
+    assert manifest["apiVersion"] == "kubeflow.org/v2beta1" and manifest["kind"] == "MPIJob"
+    assert manifest["metadata"] == {"name": "j1", "namespace": NS, "labels": {"ringtrain.io/job": "j1"}}
+    assert manifest["spec"]["runPolicy"] == {"cleanPodPolicy": "All", "backoffLimit": 2,
+                                             "ttlSecondsAfterFinished": 60}
+    assert manifest["spec"]["sshAuthMountPath"] == "/root/.ssh"
+    for role in ("Launcher", "Worker"):
+        (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
+        assert container["image"] == IMAGE
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env[DATASET_ENV] == "s3://acme-datasets/datasets/cifar"
+        assert env[CHECKPOINT_ENV] == "s3://acme-ckpt/checkpoints/j1"
+
+
+def test_image_tag_comes_from_image_version(tmp_path):
+    outputs = parse_outputs("dev", {"datasetsBucket": "d", "checkpointsBucket": "c",
+                                    "ecrRepositoryUrl": "123.dkr.ecr.us-east-1.amazonaws.com/ringtrain"})
+    with pytest.raises(MPIJobError, match=r"image/VERSION is missing"):
+        read_image_version(tmp_path)
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "VERSION").write_text("0.4.1\n")
+    expected = "123.dkr.ecr.us-east-1.amazonaws.com/ringtrain:0.4.1"
+    assert image_reference(outputs, read_image_version(tmp_path)) == expected
+    (tmp_path / "image" / "VERSION").write_text("two words\n")
+    with pytest.raises(MPIJobError, match="expected one image tag"):
+        read_image_version(tmp_path)
+
+
+def test_bad_input_is_refused_with_a_clear_message():
+    with pytest.raises(MPIJobError, match=r"slots_per_host=8 .* 4 GPUs per node: allowed are 1\.\.4"):
+        render(STATIC, G5_SPOT)
+    with pytest.raises(MPIJobError, match="cleanPodPolicy 'Sometimes': allowed are None, Running, All"):
+        render(STATIC, clean_pod_policy="Sometimes")
+    with pytest.raises(MPIJobError, match="backoffLimit"):
+        render(STATIC, backoff_limit=-1)
+    with pytest.raises(MPIJobError, match="expected <repository>:<tag>"):
+        render_mpijob(STATIC, image="ringtrain", storage=STORAGE, namespace=NS, service_account=SA,
+                      workers=P5, launcher=LAUNCHER)
+
+
+def test_worker_nodes_from_a_node_group_and_catalog_gpu_counts():
+    gpus = {"g5.12xlarge": 4, "g6.12xlarge": 4, "g5.48xlarge": 8, "m7i.large": 0}.__getitem__
+    group = NodeGroupOutput(name="gpu-spot", instance_types=("g5.12xlarge", "g6.12xlarge"),
+                            capacity_type="SPOT", efa_interfaces=0)
+    assert worker_nodes(group, gpus) == G5_SPOT
+    mixed = NodeGroupOutput(name="mixed", instance_types=("g5.12xlarge", "g5.48xlarge"), capacity_type="SPOT",
+                            efa_interfaces=0)
+    with pytest.raises(MPIJobError, match=r"mixes GPU counts \(g5.12xlarge=4, g5.48xlarge=8\)"):
+        worker_nodes(mixed, gpus)
+    cpu = NodeGroupOutput(name="cpu", instance_types=("m7i.large",), capacity_type="ON_DEMAND",
+                          efa_interfaces=0)
+    with pytest.raises(MPIJobError, match="has no GPUs"):
+        worker_nodes(cpu, gpus)
