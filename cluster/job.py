@@ -1,0 +1,56 @@
+"""What a training job is, independent of where it runs.
+
+One JobSpec is rendered into a `horovodrun` command by `launch.horovodrun_command`; the local
+backend runs that command itself, the AWS backend puts the same command into an MPIJob launcher.
+Keeping one description and one renderer means both backends launch the trainer identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Exit code of `python -m train` when it stopped on SIGTERM after writing a checkpoint: the run
+# is interrupted but resumable. 75 is EX_TEMPFAIL from sysexits.h ("try again later").
+EXIT_INTERRUPTED_RESUMABLE = 75
+# Exit code of `python -m train` for bad input (arguments, dataset, endpoint, credentials).
+EXIT_BAD_INPUT = 2
+
+# Where the MPI Operator mounts its host discovery script in the launcher pod (FIELD_NOTES §6);
+# the local backend writes its own script with the same contract (one "host:slots" per line).
+MPI_OPERATOR_DISCOVERY_SCRIPT = "/etc/mpi/discover_hosts.sh"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A Horovod training job.
+
+    num_hosts * slots_per_host processes are started; with `elastic`, Horovod keeps training while
+    at least `min_hosts` hosts are alive and lets lost hosts rejoin, up to `num_hosts`.
+    `trainer_args` are the arguments after `python -m train`.
+    """
+
+    name: str
+    num_hosts: int
+    slots_per_host: int = 1
+    elastic: bool = False
+    min_hosts: int | None = None
+    trainer_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").isalnum() or self.name != self.name.lower():
+            raise ValueError(f"job name {self.name!r}: use lower-case letters, digits and '-'")
+        if self.num_hosts < 1:
+            raise ValueError(f"num_hosts={self.num_hosts}: must be >= 1")
+        if self.slots_per_host < 1:
+            raise ValueError(f"slots_per_host={self.slots_per_host}: must be >= 1")
+        if self.min_hosts is not None and not 1 <= self.min_hosts <= self.num_hosts:
+            raise ValueError(f"min_hosts={self.min_hosts}: must be between 1 and num_hosts={self.num_hosts}")
+
+    @property
+    def num_procs(self) -> int:
+        return self.num_hosts * self.slots_per_host
+
+    @property
+    def min_procs(self) -> int:
+        return (self.min_hosts if self.min_hosts is not None else 1) * self.slots_per_host
