@@ -32,6 +32,10 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 # AWS reference jobs (awsome-distributed-training, p5 examples) request this with EFA.
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
 HUGEPAGES_AMOUNT = "5120Mi"
+# The label infra/nodegroups.py puts on every node: the node group's config name ("system" for the
+# on-demand CPU group).
+NODE_POOL_LABEL = "ringtrain.io/node-pool"
+SYSTEM_POOL = "system"
 # Labels EKS managed node groups put on every node (EKS user guide, managed node groups).
 CAPACITY_TYPE_LABEL = "eks.amazonaws.com/capacityType"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -65,6 +69,9 @@ class LauncherNodes:
     node_selector: Mapping[str, str]
     cpu: str = "500m"
     memory: str = "1Gi"
+
+
+SYSTEM_NODES = LauncherNodes(node_selector={NODE_POOL_LABEL: SYSTEM_POOL, CAPACITY_TYPE_LABEL: "ON_DEMAND"})
 
 
 def worker_nodes(group: NodeGroupOutput, gpus_of: Callable[[str], int]) -> WorkerNodes:
@@ -181,6 +188,7 @@ def render_mpijob(
             "affinity": {
                 "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
                     "matchExpressions": [
+                        {"key": NODE_POOL_LABEL, "operator": "In", "values": [workers.node_group]},
                         {"key": INSTANCE_TYPE_LABEL, "operator": "In",
                          "values": list(workers.instance_types)},
                         {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": [workers.capacity_type]},

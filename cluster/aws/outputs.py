@@ -29,6 +29,7 @@ class NodeGroupOutput:
     instance_types: tuple[str, ...]
     capacity_type: str          # ON_DEMAND | SPOT
     efa_interfaces: int         # EFA devices per node; 0 without EFA
+    eks_name: str | None = None  # the EKS node group's own name (what the EKS API scales)
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,9 @@ def _node_group(name: str, raw: Any, stack: str) -> NodeGroupOutput:
     # Outputs that went through the engine may carry numbers as floats (3.0); accept whole numbers only.
     if isinstance(efa, bool) or not isinstance(efa, int | float) or efa < 0 or int(efa) != efa:
         raise OutputsError(f"{where}.efaInterfaces is {efa!r}: expected a whole number >= 0")
+    eks_name = raw.get("eksNodeGroupName")
     return NodeGroupOutput(name=name, instance_types=tuple(types), capacity_type=capacity,
-                           efa_interfaces=int(efa))
+                           efa_interfaces=int(efa), eks_name=str(eks_name) if eks_name else None)
 
 
 def parse_outputs(stack: str, raw: Mapping[str, Any]) -> StackOutputs:

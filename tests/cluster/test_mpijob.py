@@ -16,7 +16,7 @@ from cluster.aws.mpijob import (
     EFA_RESOURCE,
     GPU_RESOURCE,
     HUGEPAGES_RESOURCE,
-    LauncherNodes,
+    SYSTEM_NODES,
     MPIJobError,
     WorkerNodes,
     image_reference,
@@ -37,9 +37,7 @@ KUBERNETES_VERSION = "1.33"  # the committed stacks' ringtrain:cluster.kubernete
 NS = "training"
 SA = "ringtrain-trainer"
 STORAGE = Storage(dataset_uri="s3://acme-datasets/datasets/cifar", checkpoint_uri="s3://acme-ckpt/checkpoints/j1")
-LAUNCHER = LauncherNodes(
-    node_selector={"eks.amazonaws.com/capacityType": "ON_DEMAND", "ringtrain.io/node-role": "system"}
-)
+LAUNCHER = SYSTEM_NODES
 P5 = WorkerNodes(node_group="gpu-efa", instance_types=("p5.48xlarge",), gpus_per_node=8, efa_interfaces=32,
                  capacity_type="ON_DEMAND")
 G5_SPOT = WorkerNodes(node_group="gpu-spot", instance_types=("g5.12xlarge", "g6.12xlarge"), gpus_per_node=4,
@@ -131,7 +129,8 @@ def test_elastic_launcher_uses_the_operator_discovery_script():
 
 def test_launcher_sits_on_on_demand_system_nodes_without_gpus():
     spec = render(STATIC)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    assert spec["nodeSelector"] == dict(LAUNCHER.node_selector)
+    assert spec["nodeSelector"] == {"ringtrain.io/node-pool": "system",
+                                    "eks.amazonaws.com/capacityType": "ON_DEMAND"}
     assert "tolerations" not in spec  # cannot land on tainted GPU nodes
     resources = spec["containers"][0]["resources"]
     assert GPU_RESOURCE not in resources.get("requests", {}) and "limits" not in resources
@@ -153,7 +152,8 @@ def test_efa_workers_request_gpus_efa_hugepages_and_shm():
     required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     terms = required["nodeSelectorTerms"]
     exprs = {e["key"]: e["values"] for e in terms[0]["matchExpressions"]}
-    assert exprs == {"node.kubernetes.io/instance-type": ["p5.48xlarge"],
+    assert exprs == {"ringtrain.io/node-pool": ["gpu-efa"],
+                     "node.kubernetes.io/instance-type": ["p5.48xlarge"],
                      "eks.amazonaws.com/capacityType": ["ON_DEMAND"]}
     anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert anti["topologyKey"] == "kubernetes.io/hostname"
@@ -221,3 +221,14 @@ def test_worker_nodes_from_a_node_group_and_catalog_gpu_counts():
                           efa_interfaces=0)
     with pytest.raises(MPIJobError, match="has no GPUs"):
         worker_nodes(cpu, gpus)
+
+
+def test_node_labels_match_what_the_node_groups_set():
+    """The selectors name the labels infra/nodegroups.py actually puts on nodes (and its GPU taint)."""
+    from cluster.aws import mpijob
+    from infra import nodegroups
+
+    assert mpijob.NODE_POOL_LABEL == nodegroups.NODE_POOL_LABEL
+    assert mpijob.SYSTEM_POOL == nodegroups.SYSTEM_POOL
+    assert nodegroups.GPU_TAINT["key"] == mpijob.GPU_RESOURCE
+    assert nodegroups.GPU_TAINT["effect"] == "NO_SCHEDULE"

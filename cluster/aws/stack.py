@@ -1,0 +1,216 @@
+"""Stack lifecycle through the Pulumi Automation API: up, down (compute only), delete-data, status, outputs.
+
+One stack per environment holds both layers (infra contract): `ringtrain:compute` switches the cluster
+and everything that costs money by the hour; the data layer (KMS key, buckets, ECR) stays, protected
+by `ringtrain:dataProtection`. So:
+
+    up            compute=true,  pulumi up
+    down          compute=false, pulumi up          (data untouched, same URNs: a later up reuses them)
+    delete-data   typed confirmation, then dataProtection=false + compute=false, pulumi up (lifts the
+                  protect flags in the state), then pulumi destroy
+
+The lifecycle logic talks to a small seam (`StackOps`); `AutomationStack` is the real implementation
+over `pulumi.automation.LocalWorkspace` in the repository's project (Pulumi.yaml at the root).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from cluster.backend import BackendError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPUTE_KEY = "ringtrain:compute"
+DATA_PROTECTION_KEY = "ringtrain:dataProtection"
+CLI_INSTALL_HINT = ("install it from https://www.pulumi.com/docs/iac/download-install/ "
+                    "and log in (`pulumi login`)")
+
+
+class StackError(BackendError):
+    """A stack operation cannot run or failed; the message says what and what to do."""
+
+
+def require_pulumi_cli() -> str:
+    path = shutil.which("pulumi")
+    if path is None:
+        raise StackError(f"the Pulumi CLI (`pulumi`) is not on PATH: {CLI_INSTALL_HINT}. "
+                         "Without it only `plan` works (offline).")
+    return path
+
+
+def require_aws_credentials() -> None:
+    """Fail early, before Pulumi starts, when boto3's default chain finds no credentials."""
+    import boto3
+
+    if boto3.session.Session().get_credentials() is None:
+        raise StackError("no AWS credentials found: set AWS_PROFILE (after `aws sso login` or "
+                         "`aws configure`) or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; "
+                         "without them only `plan` works (offline)")
+
+
+class StackOps(Protocol):
+    """What the lifecycle logic needs from a stack."""
+
+    name: str
+
+    def set_config(self, key: str, value: str) -> None: ...
+    def get_config(self, key: str) -> str | None: ...
+    def up(self) -> None: ...
+    def destroy(self) -> None: ...
+    def outputs(self) -> dict[str, Any]: ...
+    def last_update(self) -> dict[str, Any] | None: ...
+
+
+class AutomationStack:
+    """StackOps over the Automation API (needs the Pulumi CLI; AWS credentials for up/destroy)."""
+
+    def __init__(self, stack: str, *, work_dir: Path = REPO_ROOT, on_output: Callable[[str], Any] = print,
+                 create: bool = True):
+        require_pulumi_cli()
+        from pulumi import automation as auto
+
+        self._auto = auto
+        self.name = stack
+        self._on_output = on_output
+        if not (Path(work_dir) / "Pulumi.yaml").exists():
+            raise StackError(f"{work_dir} has no Pulumi.yaml: run from the repository")
+        try:
+            select = auto.create_or_select_stack if create else auto.select_stack
+            self._stack = select(stack_name=stack, work_dir=str(work_dir))
+        except auto.StackNotFoundError:
+            raise StackError(f"stack {stack!r} does not exist in this Pulumi backend: "
+                             f"`scripts/up --stack {stack}` creates it") from None
+        except auto.CommandError as exc:
+            raise StackError(f"pulumi could not select stack {stack!r}: {_command_message(exc)}") from None
+
+    def set_config(self, key: str, value: str) -> None:
+        self._stack.set_config(key, self._auto.ConfigValue(value=value))
+
+    def get_config(self, key: str) -> str | None:
+        try:
+            return self._stack.get_config(key).value
+        except self._auto.CommandError:
+            return None
+
+    def up(self) -> None:
+        try:
+            self._stack.up(on_output=self._on_output)
+        except self._auto.CommandError as exc:
+            raise StackError(f"pulumi up of stack {self.name!r} failed: {_command_message(exc)}") from None
+
+    def destroy(self) -> None:
+        try:
+            self._stack.destroy(on_output=self._on_output)
+        except self._auto.CommandError as exc:
+            raise StackError(
+                f"pulumi destroy of stack {self.name!r} failed: {_command_message(exc)}") from None
+
+    def outputs(self) -> dict[str, Any]:
+        return {k: v.value for k, v in self._stack.outputs().items()}
+
+    def last_update(self) -> dict[str, Any] | None:
+        info = self._stack.info(show_secrets=False)
+        if info is None:
+            return None
+        return {"kind": info.kind, "result": info.result, "start": str(info.start_time),
+                "end": str(info.end_time), "resourceChanges": dict(info.resource_changes or {})}
+
+
+def _command_message(exc: Exception) -> str:
+    text = str(exc).strip()
+    # CommandError carries the whole CLI transcript; its stderr part is what explains the failure.
+    marker = "stderr:"
+    if marker in text:
+        text = text.split(marker, 1)[1].strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-15:]) or type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle logic (tested with a recording StackOps)
+# ---------------------------------------------------------------------------------------------
+
+
+def stack_up(ops: StackOps) -> dict[str, Any]:
+    """Compute on, deploy; returns the outputs."""
+    ops.set_config(COMPUTE_KEY, "true")
+    ops.up()
+    return ops.outputs()
+
+
+def stack_down(ops: StackOps) -> None:
+    """Compute off, deploy: the cluster and node groups go, the data layer stays."""
+    ops.set_config(COMPUTE_KEY, "false")
+    ops.up()
+
+
+def delete_data(ops: StackOps, *, confirm: str | None, ask: Callable[[str], str] | None) -> None:
+    """Remove everything, data included, after the stack name is typed (or given as `confirm`)."""
+    if confirm is None:
+        if ask is None:
+            raise StackError(f"deleting the data layer of stack {ops.name!r} needs a typed confirmation: "
+                             f"run interactively or pass --confirm {ops.name}")
+        confirm = ask(f"This deletes stack {ops.name!r} INCLUDING its datasets, checkpoints, images and "
+                      f"KMS key.\nType the stack name ({ops.name}) to confirm: ")
+    if confirm.strip() != ops.name:
+        raise StackError(f"confirmation {confirm.strip()!r} does not match stack name {ops.name!r}: "
+                         "nothing was deleted")
+    ops.set_config(COMPUTE_KEY, "false")
+    ops.set_config(DATA_PROTECTION_KEY, "false")
+    ops.up()        # lifts protect= on the data layer in the state; destroy refuses protected resources
+    ops.destroy()
+
+
+def stack_status(ops: StackOps) -> dict[str, Any]:
+    outputs = ops.outputs()
+    public = {k: ("[secret]" if k == "kubeconfig" else v) for k, v in sorted(outputs.items())}
+    return {
+        "stack": ops.name,
+        "compute": ops.get_config(COMPUTE_KEY),
+        "dataProtection": ops.get_config(DATA_PROTECTION_KEY),
+        "lastUpdate": ops.last_update(),
+        "outputs": public,
+    }
+
+
+def default_kubeconfig_path(stack: str) -> Path:
+    return Path.home() / ".kube" / f"ringtrain-{stack}.yaml"
+
+
+def write_kubeconfig(outputs: Mapping[str, Any], path: Path, *, stack: str) -> Path:
+    """Write the stack's (secret) kubeconfig output to `path`, readable by its owner only (0600)."""
+    value = outputs.get("kubeconfig")
+    if not value:
+        raise StackError(f"stack {stack!r} has no kubeconfig output: its compute is down; "
+                         f"run `scripts/up --stack {stack}`")
+    text = value if isinstance(value, str) else yaml.safe_dump(value, sort_keys=False)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Created 0600 from the start (no window where others could read the credentials), and fixed to 0600
+    # if the file existed with a wider mode.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    return path
+
+
+@dataclass
+class StackSession:
+    """A named stack and how to reach it; builds the real AutomationStack on first use."""
+
+    stack: str
+    factory: Callable[[str], StackOps] = AutomationStack
+
+    def ops(self) -> StackOps:
+        return self.factory(self.stack)

@@ -1,0 +1,160 @@
+"""Stack lifecycle logic (up / down / delete-data / status / kubeconfig) and the real Automation API path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import pytest
+import yaml
+
+from cluster.aws import stack as stack_mod
+from cluster.aws.stack import (
+    AutomationStack,
+    StackError,
+    delete_data,
+    require_aws_credentials,
+    require_pulumi_cli,
+    stack_down,
+    stack_status,
+    stack_up,
+    write_kubeconfig,
+)
+
+
+class RecordingStack:
+    """A StackOps that records what the lifecycle logic asks of the stack, in order."""
+
+    def __init__(self, name="dev", outputs=None, config=None):
+        self.name = name
+        self.calls: list[tuple] = []
+        self.config = dict(config or {})
+        self._outputs = dict(outputs or {})
+
+    def set_config(self, key, value):
+        self.calls.append(("set_config", key, value))
+        self.config[key] = value
+
+    def get_config(self, key):
+        return self.config.get(key)
+
+    def up(self):
+        # what the program would see at this moment
+        self.calls.append(("up", dict(self.config)))
+
+    def destroy(self):
+        self.calls.append(("destroy", dict(self.config)))
+
+    def outputs(self):
+        return dict(self._outputs)
+
+    def last_update(self):
+        return {"kind": "update", "result": "succeeded"}
+
+
+def test_up_turns_compute_on_then_deploys():
+    ops = RecordingStack(outputs={"clusterName": "c"}, config={"ringtrain:compute": "false"})
+    assert stack_up(ops) == {"clusterName": "c"}
+    assert ops.calls == [("set_config", "ringtrain:compute", "true"), ("up", {"ringtrain:compute": "true"})]
+
+
+def test_down_removes_compute_only_and_never_destroys():
+    ops = RecordingStack(config={"ringtrain:compute": "true", "ringtrain:dataProtection": "true"})
+    stack_down(ops)
+    assert ops.calls == [
+        ("set_config", "ringtrain:compute", "false"),
+        ("up", {"ringtrain:compute": "false", "ringtrain:dataProtection": "true"}),
+    ]
+
+
+def test_delete_data_needs_the_typed_stack_name():
+    ops = RecordingStack(name="prod")
+    refused = "confirmation 'dev' does not match stack name 'prod': nothing was deleted"
+    with pytest.raises(StackError, match=refused):
+        delete_data(ops, confirm=None, ask=lambda prompt: "dev")
+    with pytest.raises(StackError, match="typed confirmation: run interactively or pass --confirm prod$"):
+        delete_data(ops, confirm=None, ask=None)
+    with pytest.raises(StackError, match="does not match"):
+        delete_data(ops, confirm="prod2", ask=None)
+    assert ops.calls == []  # nothing touched on a refused confirmation
+
+
+def test_delete_data_unprotects_in_state_before_destroying():
+    ops = RecordingStack(name="prod", config={"ringtrain:dataProtection": "true"})
+    prompts = []
+    delete_data(ops, confirm=None, ask=lambda prompt: prompts.append(prompt) or "prod\n")
+    assert "INCLUDING its datasets" in prompts[0] and "(prod)" in prompts[0]
+    unprotected = {"ringtrain:dataProtection": "false", "ringtrain:compute": "false"}
+    assert ops.calls[-2:] == [("up", unprotected), ("destroy", unprotected)]
+    # non-interactive form
+    ops2 = RecordingStack(name="prod")
+    delete_data(ops2, confirm="prod", ask=None)
+    assert [c[0] for c in ops2.calls][-2:] == ["up", "destroy"]
+
+
+def test_status_hides_the_kubeconfig_secret():
+    ops = RecordingStack(outputs={"kubeconfig": "apiVersion: v1", "clusterName": "c"},
+                         config={"ringtrain:compute": "true"})
+    status = stack_status(ops)
+    assert status["outputs"] == {"clusterName": "c", "kubeconfig": "[secret]"}
+    assert status["compute"] == "true" and status["stack"] == "dev"
+
+
+def test_kubeconfig_written_0600_from_string_or_object(tmp_path):
+    path = tmp_path / "kube" / "cfg.yaml"
+    write_kubeconfig({"kubeconfig": "apiVersion: v1\nkind: Config\n"}, path, stack="dev")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert path.read_text() == "apiVersion: v1\nkind: Config\n"
+    # an existing world-readable file is tightened, and an object output is written as YAML
+    path.chmod(0o644)
+    write_kubeconfig({"kubeconfig": {"apiVersion": "v1", "kind": "Config"}}, path, stack="dev")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert yaml.safe_load(path.read_text()) == {"apiVersion": "v1", "kind": "Config"}
+    with pytest.raises(StackError, match="stack 'dev' has no kubeconfig output: its compute is down"):
+        write_kubeconfig({}, tmp_path / "x", stack="dev")
+
+
+def test_missing_cli_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(StackError, match=r"the Pulumi CLI \(`pulumi`\) is not on PATH: install it"):
+        require_pulumi_cli()
+    with pytest.raises(StackError, match="not on PATH"):
+        AutomationStack("dev")
+
+
+def test_missing_aws_credentials_is_a_clear_error(monkeypatch, tmp_path):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StackError, match="no AWS credentials found"):
+        require_aws_credentials()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    require_aws_credentials()
+
+
+def test_real_stack_selection_with_the_cli(tmp_path):
+    """With the Pulumi CLI present: a local file backend, the repository's project, stack outputs."""
+    if shutil.which("pulumi") is None:
+        pytest.skip("needs the Pulumi CLI (`pulumi` on PATH): the Automation API drives it")
+    env = {"PULUMI_BACKEND_URL": f"file://{tmp_path}", "PULUMI_CONFIG_PASSPHRASE": "test"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        ops = AutomationStack("ci-select-test", work_dir=stack_mod.REPO_ROOT)
+        assert ops.outputs() == {}
+        assert ops.last_update() is None
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        stack_file = stack_mod.REPO_ROOT / "Pulumi.ci-select-test.yaml"
+        if stack_file.exists():
+            stack_file.unlink()
