@@ -1,0 +1,1 @@
+"""The Horovod trainer every worker runs: `python -m train --help`."""

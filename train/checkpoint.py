@@ -1,0 +1,188 @@
+"""Atomic checkpoints on S3 or a local directory, newest-valid discovery, retention, background upload.
+
+Layout under the checkpoint URI:
+
+    step-000000050/state.pt        torch.save of the training state (model, optimizer, scaler,
+                                   sampler position, every rank's RNG states, counters)
+    step-000000050/manifest.json   {"format": ..., "step": 50, "objects": {"state.pt":
+                                   {"sha256": ..., "bytes": ...}}}  -- written LAST
+
+A checkpoint exists only once its manifest does, and is valid only if every object matches the
+manifest's checksum; anything else (a write killed half-way, a corrupt object) is skipped with a
+warning, so a crash at any moment leaves the previous checkpoint as the newest valid one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from train.storage import Store
+
+FORMAT = "ringtrain-checkpoint/1"
+STATE = "state.pt"
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+# Fault injection for tests: seconds to wait between writing the objects and the manifest, so a test
+# can kill the writer at exactly the moment that must not produce a valid checkpoint.
+FAULT_DELAY_ENV = "RINGTRAIN_FAULT_CHECKPOINT_DELAY_S"
+
+
+class CheckpointWarning(UserWarning):
+    pass
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def serialize(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def deserialize(data: bytes) -> dict:
+    # weights_only: a checkpoint read from shared storage must not be able to run code.
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+@dataclass
+class Found:
+    step: int
+    state: dict
+
+
+class CheckpointStore:
+    def __init__(self, store: Store, keep: int):
+        self.store = store
+        self.keep = keep
+
+    def _steps(self) -> dict[int, set[str]]:
+        """step -> names of the objects present in its directory."""
+        out: dict[int, set[str]] = {}
+        for key in self.store.list():
+            top, _, name = key.partition("/")
+            m = _STEP_DIR.match(top)
+            if m and name:
+                out.setdefault(int(m.group(1)), set()).add(name)
+        return out
+
+    def write(self, step: int, data: bytes) -> None:
+        d = step_dir(step)
+        # A stale manifest from an earlier life of this step would vouch for objects being replaced.
+        self.store.delete(f"{d}/{MANIFEST}")
+        self.store.put(f"{d}/{STATE}", data)
+        delay = float(os.environ.get(FAULT_DELAY_ENV, "0") or 0)
+        if delay > 0:
+            time.sleep(delay)
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "created_unix": time.time(),
+            "objects": {STATE: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
+        }
+        self.store.put(f"{d}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+        self.prune()
+
+    def _verify(self, step: int) -> dict:
+        """The step's state, or raise ValueError saying why it is not a valid checkpoint."""
+        d = step_dir(step)
+        try:
+            manifest = json.loads(self.store.get(f"{d}/{MANIFEST}"))
+        except FileNotFoundError:
+            raise ValueError("no manifest (a write that did not finish)") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"unreadable manifest: {e}") from None
+        if manifest.get("format") != FORMAT or manifest.get("step") != step:
+            raise ValueError(f"manifest format/step mismatch ({manifest.get('format')}, "
+                             f"{manifest.get('step')})")
+        objects = manifest.get("objects", {})
+        if STATE not in objects:
+            raise ValueError(f"manifest lists no {STATE}")
+        try:
+            data = self.store.get(f"{d}/{STATE}")
+        except FileNotFoundError:
+            raise ValueError(f"{STATE} missing") from None
+        if hashlib.sha256(data).hexdigest() != objects[STATE]["sha256"]:
+            raise ValueError(f"{STATE} fails its sha256 check")
+        try:
+            return deserialize(data)
+        except Exception as e:  # a matching checksum but unloadable bytes: still not usable
+            raise ValueError(f"{STATE} does not load: {e}") from None
+
+    def latest_valid(self) -> Found | None:
+        """The newest checkpoint that verifies; invalid newer ones are skipped with a warning."""
+        for step in sorted(self._steps(), reverse=True):
+            try:
+                return Found(step, self._verify(step))
+            except ValueError as why:
+                warnings.warn(f"skipping checkpoint {self.store.uri}/{step_dir(step)}: {why}",
+                              CheckpointWarning, stacklevel=2)
+        return None
+
+    def valid_steps(self) -> list[int]:
+        """Steps whose manifest exists (checksums not verified), ascending."""
+        return sorted(s for s, names in self._steps().items() if MANIFEST in names)
+
+    def prune(self) -> None:
+        """Keep the newest `keep` complete checkpoints; drop older complete and older partial ones."""
+        steps = self._steps()
+        complete = sorted((s for s, names in steps.items() if MANIFEST in names), reverse=True)
+        if len(complete) <= self.keep:
+            return
+        oldest_kept = complete[self.keep - 1]
+        for step in sorted(steps):
+            if step >= oldest_kept:
+                break
+            d = step_dir(step)
+            names = steps[step]
+            # Manifest first: a checkpoint stops being valid before any of its objects disappears.
+            if MANIFEST in names:
+                self.store.delete(f"{d}/{MANIFEST}")
+            for name in sorted(names - {MANIFEST}):
+                self.store.delete(f"{d}/{name}")
+
+
+class BackgroundWriter:
+    """Uploads serialized checkpoints off the training path, one at a time.
+
+    The caller serializes synchronously (a consistent snapshot of the state); the upload runs in a
+    thread. A new submission, and `wait()`, first wait for the previous upload and re-raise its error.
+    """
+
+    def __init__(self, checkpoints: CheckpointStore):
+        self.checkpoints = checkpoints
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.written = 0
+
+    def _run(self, step: int, data: bytes) -> None:
+        try:
+            self.checkpoints.write(step, data)
+            self.written += 1
+        except BaseException as e:  # re-raised in the training thread by wait()
+            self._error = e
+
+    def submit(self, step: int, data: bytes) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(step, data), name=f"checkpoint-{step}",
+                                        daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err

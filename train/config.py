@@ -1,0 +1,194 @@
+"""The trainer's configuration: one typed tree, built from the command line and validated up front.
+
+Validation is pure (no I/O, no Horovod), so every rank reaches the same verdict on the same
+arguments and bad input never leaves one rank waiting for another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from train.errors import BadInput
+
+MODELS = ("mlp", "cnn")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPRESSIONS = ("none", "fp16")
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "mlp"
+    width: int = 128  # hidden units (mlp) or channels (cnn)
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # "synthetic", "s3://bucket/prefix" or a local directory written by `python -m train.data generate`
+    source: str = "synthetic"
+    batch_size: int = 32  # per worker, per backward pass
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "sgd"
+    lr: float = 0.05  # per worker; scaled by world size x backward passes per step (Horovod convention)
+    momentum: float = 0.9
+    warmup_steps: int = 0
+    clip_grad_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class HorovodConfig:
+    compression: str = "none"
+    backward_passes_per_step: int = 1
+    adasum: bool = False
+    fusion_threshold_mb: float | None = None  # None: Horovod's default (HOROVOD_FUSION_THRESHOLD)
+    cycle_time_ms: float | None = None  # None: Horovod's default (HOROVOD_CYCLE_TIME)
+    elastic: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    uri: str | None = None  # s3://bucket/prefix or a local directory; None: no checkpoints
+    every: int = 0  # steps between checkpoints; 0: only at the end and on SIGTERM
+    keep: int = 3
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    metrics_file: str | None = None
+    tensorboard_dir: str | None = None
+    log_every: int = 10
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    seed: int = 0
+    precision: str = "fp32"
+    s3_endpoint_url: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    horovod: HorovodConfig = field(default_factory=HorovodConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument raises BadInput (one message, exit code 2) instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise BadInput(f"{message} (see `python -m train --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m train", description="Horovod ring-allreduce trainer.")
+    p.add_argument("--model", choices=MODELS, default="mlp")
+    p.add_argument("--width", type=int, default=128, help="hidden units (mlp) or channels (cnn)")
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--steps", type=int, default=100,
+                   help="optimizer steps in total (a resumed run counts on)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per worker per backward pass")
+    p.add_argument("--lr", type=float, default=0.05, help="per-worker learning rate, scaled by world size")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear LR warmup from lr to the scaled lr")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default="synthetic", help="synthetic | s3://bucket/prefix | /local/dir")
+    p.add_argument("--checkpoint-dir", default=None, help="s3://bucket/prefix or /local/dir")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None,
+                   help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--compression", choices=COMPRESSIONS, default="none")
+    p.add_argument("--backward-passes-per-step", type=int, default=1)
+    p.add_argument("--adasum", action="store_true", help="reduce gradients with Adasum instead of averaging")
+    p.add_argument("--fusion-threshold-mb", type=float, default=None)
+    p.add_argument("--cycle-time-ms", type=float, default=None)
+    p.add_argument("--clip-grad-norm", type=float, default=None)
+    p.add_argument("--elastic", action="store_true",
+                   help="run under hvd.elastic (horovodrun --min-np/--max-np)")
+    p.add_argument("--metrics-file", default=None, help="JSON-lines metrics, written by rank 0")
+    p.add_argument("--tensorboard-dir", default=None)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Parse and validate; raises BadInput naming what is wrong and what is allowed."""
+    a = build_parser().parse_args(argv)
+    cfg = TrainConfig(
+        steps=a.steps,
+        seed=a.seed,
+        precision=a.precision,
+        s3_endpoint_url=a.s3_endpoint_url,
+        model=ModelConfig(name=a.model, width=a.width, dropout=a.dropout),
+        data=DataConfig(source=a.data, batch_size=a.batch_size),
+        optim=OptimConfig(name=a.optimizer, lr=a.lr, momentum=a.momentum, warmup_steps=a.warmup_steps,
+                          clip_grad_norm=a.clip_grad_norm),
+        horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
+                              adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
+                              cycle_time_ms=a.cycle_time_ms, elastic=a.elastic),
+        checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints),
+        metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
+                              log_every=a.log_every, progress=not a.no_progress),
+    )
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    problems: list[str] = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            problems.append(msg)
+
+    need(cfg.steps >= 1, f"--steps {cfg.steps}: must be >= 1")
+    need(cfg.data.batch_size >= 1, f"--batch-size {cfg.data.batch_size}: must be >= 1")
+    need(cfg.model.width >= 1, f"--width {cfg.model.width}: must be >= 1")
+    need(0.0 <= cfg.model.dropout < 1.0, f"--dropout {cfg.model.dropout}: must be in [0, 1)")
+    need(cfg.optim.lr > 0, f"--lr {cfg.optim.lr}: must be > 0")
+    need(0.0 <= cfg.optim.momentum < 1.0, f"--momentum {cfg.optim.momentum}: must be in [0, 1)")
+    need(cfg.optim.warmup_steps >= 0, f"--warmup-steps {cfg.optim.warmup_steps}: must be >= 0")
+    need(cfg.optim.clip_grad_norm is None or cfg.optim.clip_grad_norm > 0,
+         f"--clip-grad-norm {cfg.optim.clip_grad_norm}: must be > 0")
+    need(cfg.horovod.backward_passes_per_step >= 1,
+         f"--backward-passes-per-step {cfg.horovod.backward_passes_per_step}: must be >= 1")
+    need(cfg.horovod.fusion_threshold_mb is None or cfg.horovod.fusion_threshold_mb >= 0,
+         f"--fusion-threshold-mb {cfg.horovod.fusion_threshold_mb}: must be >= 0")
+    need(cfg.horovod.cycle_time_ms is None or cfg.horovod.cycle_time_ms > 0,
+         f"--cycle-time-ms {cfg.horovod.cycle_time_ms}: must be > 0")
+    need(not (cfg.horovod.adasum and cfg.horovod.compression != "none"),
+         "--adasum with --compression fp16: Horovod's Adasum path takes uncompressed gradients; pick one")
+    need(cfg.checkpoint.every >= 0, f"--checkpoint-every {cfg.checkpoint.every}: must be >= 0 (0: end only)")
+    need(cfg.checkpoint.keep >= 1, f"--keep-checkpoints {cfg.checkpoint.keep}: must be >= 1")
+    need(cfg.metrics.log_every >= 1, f"--log-every {cfg.metrics.log_every}: must be >= 1")
+    need(_is_data_uri(cfg.data.source),
+         f"--data {cfg.data.source!r}: use 'synthetic', s3://bucket/prefix or a local directory path")
+    if cfg.checkpoint.uri is not None:
+        need(_is_storage_uri(cfg.checkpoint.uri),
+             f"--checkpoint-dir {cfg.checkpoint.uri!r}: use s3://bucket/prefix or a local directory path")
+    if cfg.s3_endpoint_url:
+        need(cfg.s3_endpoint_url.startswith(("http://", "https://")),
+             f"--s3-endpoint-url {cfg.s3_endpoint_url!r}: must start with http:// or https://")
+    if problems:
+        raise BadInput("; ".join(problems))
+
+
+def _is_storage_uri(uri: str) -> bool:
+    if uri.startswith("s3://"):
+        return len(uri) > len("s3://") and not uri[len("s3://"):].startswith("/")
+    return bool(uri) and "://" not in uri
+
+
+def _is_data_uri(uri: str) -> bool:
+    return uri == "synthetic" or _is_storage_uri(uri)

@@ -1,0 +1,442 @@
+"""The Horovod training loop: data parallelism, mixed precision, checkpoints, spot-safe stop, elastic mode.
+
+Every rank runs `run(cfg)`. Collectives happen only at points every rank reaches in the same order
+(step boundaries, checkpoint steps, log steps), so a stop request, a checkpoint or a bad input never
+leaves one rank waiting on another.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from cluster.job import EXIT_INTERRUPTED_RESUMABLE
+from train import checkpoint as ckpt
+from train import data as data_mod
+from train.config import TrainConfig
+from train.errors import BadInput
+from train.metrics import MetricsLog, check_tensorboard_available, summary_line
+from train.model import build_model
+from train.storage import open_store
+
+# Test hook: seconds to sleep after every step, so a test can signal a run at a step of its choosing.
+FAULT_STEP_SLEEP_ENV = "RINGTRAIN_FAULT_STEP_SLEEP_S"
+
+
+class StopRequest:
+    """SIGTERM only sets a flag; the loop acts on it at the next step boundary, on every rank at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+@dataclass
+class Progress:
+    """What moves with each step. In elastic mode these live on hvd.elastic.TorchState instead."""
+
+    step: int = 0
+    epoch: int = 0
+    offset: int = 0
+    elastic_resets: int = 0
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    summary: dict = field(default_factory=dict)
+
+
+def configure_horovod_env(cfg: TrainConfig) -> None:
+    """Horovod reads its tuning knobs from the environment at hvd.init()."""
+    if cfg.horovod.fusion_threshold_mb is not None:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.horovod.fusion_threshold_mb * 1024 * 1024))
+    if cfg.horovod.cycle_time_ms is not None:
+        os.environ["HOROVOD_CYCLE_TIME"] = str(cfg.horovod.cycle_time_ms)
+
+
+def lr_at(step: int, cfg: TrainConfig, world_size: int, local_size: int, on_gpu: bool) -> float:
+    """Horovod's convention: lr x workers x backward passes per step, reached by linear warmup.
+
+    With Adasum the gradients are combined, not averaged, so the world-size factor does not apply
+    (on GPUs Horovod's Adasum works across nodes after a local sum, hence local_size there).
+    `step` is the 0-based index of the step about to run.
+    """
+    size_factor = (local_size if on_gpu else 1) if cfg.horovod.adasum else world_size
+    scaled = cfg.optim.lr * size_factor * cfg.horovod.backward_passes_per_step
+    warmup = cfg.optim.warmup_steps
+    if warmup <= 0 or step >= warmup:
+        return scaled
+    return cfg.optim.lr + (scaled - cfg.optim.lr) * step / warmup
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, hvd, stop: StopRequest):
+        self.cfg = cfg
+        self.hvd = hvd
+        self.stop = stop
+        self.on_gpu = torch.cuda.is_available()
+        if self.on_gpu:
+            torch.cuda.set_device(hvd.local_rank())
+        self.device = torch.device("cuda", hvd.local_rank()) if self.on_gpu else torch.device("cpu")
+        self.dataset: data_mod.Dataset | None = None
+        self.sampler: data_mod.ShardedSampler | None = None
+        self.checkpoints: ckpt.CheckpointStore | None = None
+        self._writer: ckpt.BackgroundWriter | None = None
+        self._log: MetricsLog | None = None
+        self.resumed_from_step: int | None = None
+        self.last_checkpoint_step: int | None = None
+        self.summary_printed = False
+        self.saved_loss: float | None = None  # loss recorded in the checkpoint we resumed from
+
+    # ---- inputs -----------------------------------------------------------------------------
+    def prepare_inputs(self) -> ckpt.Found | None:
+        """Dataset, checkpoint store, metrics outputs. Raises BadInput. Returns the checkpoint to resume
+        (looked up on rank 0 only in static mode; on every rank in elastic mode)."""
+        cfg = self.cfg
+        if cfg.metrics.tensorboard_dir:
+            check_tensorboard_available()
+        if cfg.precision == "fp16" and not self.on_gpu and not _cpu_fp16_autocast_works():
+            raise BadInput("--precision fp16 needs a GPU here (CPU autocast lacks float16); use bf16 or fp32")
+        if cfg.data.source != "synthetic":
+            self.dataset = data_mod.load(cfg.data.source, cfg.s3_endpoint_url)
+            self.sampler = data_mod.ShardedSampler(len(self.dataset), cfg.seed)
+            global_batch = self.hvd.size() * cfg.data.batch_size
+            if global_batch > len(self.dataset):
+                raise BadInput(f"dataset {cfg.data.source} has {len(self.dataset)} samples, fewer than one "
+                               f"global batch ({self.hvd.size()} workers x {cfg.data.batch_size})")
+        found = None
+        if cfg.checkpoint.uri:
+            store = open_store(cfg.checkpoint.uri, cfg.s3_endpoint_url)
+            store.check(create=True)
+            self.checkpoints = ckpt.CheckpointStore(store, cfg.checkpoint.keep)
+            if self.hvd.rank() == 0 or cfg.horovod.elastic:
+                found = self.checkpoints.latest_valid()
+        if self.hvd.rank() == 0:
+            self.open_log(initial_step=found.step if found else 0)
+        return found
+
+    def open_log(self, initial_step: int) -> None:
+        m = self.cfg.metrics
+        try:
+            self._log = MetricsLog(m.metrics_file, m.tensorboard_dir, m.progress, self.cfg.steps,
+                                   initial_step)
+        except OSError as e:
+            raise BadInput(f"cannot open metrics output: {e}") from None
+
+    @property
+    def log(self) -> MetricsLog | None:
+        if self._log is None and self.hvd.rank() == 0:  # elastic: this process became rank 0
+            self.open_log(initial_step=0)
+        return self._log
+
+    @property
+    def writer(self) -> ckpt.BackgroundWriter | None:
+        if self._writer is None and self.checkpoints is not None and self.hvd.rank() == 0:
+            self._writer = ckpt.BackgroundWriter(self.checkpoints)
+        return self._writer
+
+    # ---- model ------------------------------------------------------------------------------
+    def build(self) -> None:
+        cfg = self.cfg
+        hvd = self.hvd
+        input_shape = self.dataset.input_shape if self.dataset else data_mod.INPUT_SHAPE
+        torch.manual_seed(cfg.seed)  # same initial weights everywhere; rank 0's are broadcast anyway
+        self.model = build_model(cfg.model.name, input_shape, data_mod.NUM_CLASSES, cfg.model.width,
+                                 cfg.model.dropout).to(self.device)
+        params = self.model.parameters()
+        if cfg.optim.name == "sgd":
+            base = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+        else:
+            base = torch.optim.Adam(params, lr=cfg.optim.lr)
+        compression = hvd.Compression.fp16 if cfg.horovod.compression == "fp16" else hvd.Compression.none
+        self.optimizer = hvd.DistributedOptimizer(
+            base,
+            named_parameters=self.model.named_parameters(),
+            compression=compression,
+            backward_passes_per_step=cfg.horovod.backward_passes_per_step,
+            op=hvd.Adasum if cfg.horovod.adasum else hvd.Average,
+        )
+        self.amp_dtype = autocast_dtype(cfg.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
+        # Per-rank random streams (dropout) differ by rank and are checkpointed per rank.
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * (hvd.rank() + 1))
+        if self.dataset is None:
+            x, y = data_mod.synthetic_batch(cfg.seed, hvd.rank(), cfg.data.batch_size)
+            self.synthetic = (x.to(self.device), y.to(self.device))
+        self.stop_flag = torch.zeros(1)
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.loss_count = 0
+        self.last_loss = torch.zeros((), device=self.device)
+
+    def apply_checkpoint(self, state: dict, progress) -> None:
+        """Load a checkpoint (read by rank 0 and broadcast, or read locally in elastic mode)."""
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            c = self.cfg
+            raise BadInput(f"checkpoint step {state.get('step')} in {c.checkpoint.uri} does not fit this "
+                           f"model/optimizer (--model {c.model.name} --width {c.model.width} "
+                           f"--optimizer {c.optim.name}): {str(e).splitlines()[0]}") from None
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        progress.step = int(state["step"])
+        progress.epoch = int(state["sampler"]["epoch"])
+        progress.offset = int(state["sampler"]["offset"])
+        rng = state["rng"]
+        rank = self.hvd.rank()
+        if len(rng) == self.hvd.size():
+            torch.set_rng_state(rng[rank]["torch"])
+            if self.on_gpu and rng[rank].get("cuda") is not None:
+                torch.cuda.set_rng_state(rng[rank]["cuda"])
+        else:  # a different world size: the streams cannot continue exactly; derive fresh ones
+            torch.manual_seed(self.cfg.seed * 1_000_003 + 7919 * (rank + 1) + progress.step)
+        self.resumed_from_step = progress.step
+        self.last_checkpoint_step = progress.step
+        self.saved_loss = state.get("loss")
+
+    # ---- one step ---------------------------------------------------------------------------
+    def next_batch(self, progress) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dataset is None:
+            return self.synthetic
+        s = self.sampler
+        s.epoch, s.offset = progress.epoch, progress.offset
+        idx = torch.from_numpy(s.next_indices(self.hvd.rank(), self.hvd.size(), self.cfg.data.batch_size))
+        progress.epoch, progress.offset = s.epoch, s.offset
+        return (self.dataset.x.index_select(0, idx).to(self.device, non_blocking=True),
+                self.dataset.y.index_select(0, idx).to(self.device, non_blocking=True))
+
+    def train_step(self, progress) -> bool:
+        """One optimizer step. Returns True when some rank asked to stop (all ranks get the same answer)."""
+        cfg, hvd, opt = self.cfg, self.hvd, self.optimizer
+        lr = lr_at(progress.step, cfg, hvd.size(), hvd.local_size(), self.on_gpu)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        k = cfg.horovod.backward_passes_per_step
+        opt.zero_grad()
+        step_loss = None
+        for _ in range(k):
+            x, y = self.next_batch(progress)
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                loss = F.cross_entropy(self.model(x), y)
+            scaled = loss / k if k > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
+        # The stop vote rides in the same Horovod cycle as the gradients (same op and dtype, so it can
+        # share their fusion buffer): agreeing on a stop costs no extra round trip per step.
+        self.stop_flag.fill_(1.0 if self.stop.requested else 0.0)
+        vote = hvd.allreduce_async_(self.stop_flag, op=hvd.Average, name="ringtrain.stop")
+        if self.scaler is not None or cfg.optim.clip_grad_norm is not None:
+            # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then step
+            # without a second synchronization.
+            opt.synchronize()
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            if cfg.optim.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad_norm)
+            with opt.skip_synchronize():
+                if self.scaler is not None:
+                    self.scaler.step(opt)
+                else:
+                    opt.step()
+            if self.scaler is not None:
+                self.scaler.update()
+        else:
+            opt.step()
+        progress.step += 1
+        self.last_loss = step_loss
+        self.loss_sum += step_loss
+        self.loss_count += 1
+        return hvd.synchronize(vote).item() > 0
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self, progress, loss: float | None) -> None:
+        """Collective: every rank gives its RNG states; rank 0 serializes now, uploads in the background."""
+        rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if self.on_gpu else None}
+        all_rng = self.hvd.allgather_object(rng, name=f"ringtrain.rng.{progress.step}")
+        if self.hvd.rank() == 0:
+            state = {
+                "step": progress.step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "sampler": {"epoch": progress.epoch, "offset": progress.offset},
+                "rng": all_rng,
+                "world_size": self.hvd.size(),
+                "loss": loss,
+            }
+            self.writer.submit(progress.step, ckpt.serialize(state))
+        self.last_checkpoint_step = progress.step
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def loop(self, progress, commit=None) -> RunResult:
+        cfg, hvd = self.cfg, self.hvd
+        step_sleep = float(os.environ.get(FAULT_STEP_SLEEP_ENV, "0") or 0)
+        samples_per_step = cfg.data.batch_size * cfg.horovod.backward_passes_per_step
+        start_step = progress.step
+        initial_loss = None
+        t_start = t_window = time.perf_counter()
+        window_samples = 0
+        samples_total = 0
+        interrupted = False
+        while progress.step < cfg.steps:
+            stop = self.train_step(progress)
+            if step_sleep:
+                time.sleep(step_sleep)
+            window_samples += samples_per_step * hvd.size()
+            samples_total += samples_per_step * hvd.size()
+            if initial_loss is None:
+                initial_loss = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
+                                             name="ringtrain.initial_loss").item()
+            if self.log is not None:
+                self.log.advance()
+            last = progress.step >= cfg.steps
+            if progress.step % cfg.metrics.log_every == 0 or last or stop:
+                mean = (self.loss_sum / max(self.loss_count, 1)).float().cpu()
+                mean = hvd.allreduce(mean, op=hvd.Average, name="ringtrain.loss").item()
+                now = time.perf_counter()
+                if self.log is not None:
+                    self.log.log({
+                        "step": progress.step, "loss": mean,
+                        "samples_per_sec": window_samples / max(now - t_window, 1e-9),
+                        "lr": self.optimizer.param_groups[0]["lr"], "world_size": hvd.size(),
+                        "time": time.time(),
+                    })
+                self.loss_sum.zero_()
+                self.loss_count = 0
+                t_window, window_samples = now, 0
+                if commit is not None:
+                    commit()
+            if stop:
+                interrupted = True
+                break
+            if (self.checkpoints is not None and cfg.checkpoint.every
+                    and progress.step % cfg.checkpoint.every == 0 and not last):
+                self.save_checkpoint(progress, None)
+                if commit is not None:
+                    commit()
+        elapsed = time.perf_counter() - t_start
+
+        if progress.step > start_step:
+            final_loss = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
+                                       name="ringtrain.final_loss").item()
+        else:  # nothing left to do: the checkpoint we resumed from already reached --steps
+            final_loss = initial_loss = self.saved_loss
+        if self.checkpoints is not None and self.last_checkpoint_step != progress.step:
+            self.save_checkpoint(progress, final_loss)
+        if self.writer is not None:
+            self.writer.wait()
+        summary = {
+            "steps": progress.step,
+            "final_loss": final_loss,
+            "initial_loss": initial_loss,
+            "samples_per_sec": samples_total / elapsed if elapsed > 0 and samples_total else 0.0,
+            "resumed_from_step": self.resumed_from_step,
+            "checkpoints_written": self.writer.written if self.writer is not None else 0,
+            "world_size": hvd.size(),
+            "interrupted": interrupted,
+            "elastic_resets": int(getattr(progress, "elastic_resets", 0)),
+        }
+        if hvd.rank() == 0 and not self.summary_printed:
+            if self._log is not None:
+                self._log.close()
+            print(summary_line(summary), flush=True)
+            self.summary_printed = True
+        # Nobody exits before rank 0 has written its checkpoint and summary: under horovodrun the first
+        # worker to exit non-zero gets the rest terminated.
+        hvd.allreduce(torch.zeros(1), name="ringtrain.exit_barrier")
+        return RunResult(EXIT_INTERRUPTED_RESUMABLE if interrupted else 0, summary)
+
+
+def _cpu_fp16_autocast_works() -> bool:
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2))
+        return out.dtype == torch.float16
+    except (RuntimeError, TypeError):
+        return False
+
+
+def agree_on_inputs(hvd, error: str | None) -> None:
+    """Every rank learns whether any rank hit bad input, and all raise the same BadInput."""
+    errors = hvd.allgather_object(error, name="ringtrain.inputs")
+    for rank, err in enumerate(errors):
+        if err:
+            raise BadInput(err if rank == 0 else f"(rank {rank}) {err}")
+
+
+def run(cfg: TrainConfig) -> int:
+    configure_horovod_env(cfg)
+    import horovod.torch as hvd
+
+    stop = StopRequest()
+    stop.install()
+    hvd.init()
+    trainer = Trainer(cfg, hvd, stop)
+    if cfg.horovod.elastic:
+        return _run_elastic(trainer, hvd)
+
+    error = None
+    found = None
+    try:
+        found = trainer.prepare_inputs()
+    except BadInput as e:
+        error = str(e)
+    agree_on_inputs(hvd, error)
+    trainer.build()
+    progress = Progress()
+    state = hvd.broadcast_object(found.state if found else None, root_rank=0, name="ringtrain.resume")
+    if state is not None:
+        error = None
+        try:
+            trainer.apply_checkpoint(state, progress)
+        except BadInput as e:
+            error = str(e)
+        agree_on_inputs(hvd, error)
+    else:
+        hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
+    return trainer.loop(progress).exit_code
+
+
+def _run_elastic(trainer: Trainer, hvd) -> int:
+    """Under hvd.elastic: a lost worker's failure rolls every survivor back to the last commit and
+    training continues on the rest; a worker that (re)joins receives rank 0's state in state.sync()."""
+    found = trainer.prepare_inputs()  # per rank: a joining worker must not wait on collectives
+    trainer.build()
+    progress = Progress()
+    if found is not None:
+        trainer.apply_checkpoint(found.state, progress)
+    state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
+                                   epoch=progress.epoch, offset=progress.offset, elastic_resets=0,
+                                   resumed_from_step=trainer.resumed_from_step)
+
+    def on_reset() -> None:
+        state.elastic_resets += 1
+        print(f"ringtrain: elastic reset, now {hvd.size()} workers", file=sys.stderr, flush=True)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        trainer.resumed_from_step = state.resumed_from_step
+        return trainer.loop(state, commit=state.commit)
+
+    return train(state).exit_code
+
