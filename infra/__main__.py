@@ -1,0 +1,67 @@
+"""ringtrain's Pulumi program: one stack = data layer (always) + network + compute (while `compute: true`).
+
+Order matters: the stack config is validated before any resource is declared, and a bad value ends the
+run with one message (pulumi.RunError prints no traceback).
+
+Compute goes, data stays: the data layer (KMS key, buckets, ECR) is declared unconditionally under the
+same names and protected while `dataProtection` is true. `pulumi up` with `ringtrain:compute false`
+deletes the cluster, node groups and NAT gateways and leaves the data layer as it is; the next `up` with
+`compute: true` reuses it (same URNs). Deleting data takes `dataProtection: false` and then destroy.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Pulumi runs this directory as the program (cwd infra/); make `import infra.*` work without relying
+# on the editable install.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import pulumi  # noqa: E402
+import pulumi_aws as aws  # noqa: E402
+
+from infra.config import ConfigError, load_stack_config  # noqa: E402
+from infra.data import DataLayer  # noqa: E402
+from infra.network import Network  # noqa: E402
+from infra.security import SecurityGroups  # noqa: E402
+from infra.tags import default_tags, tagged_provider  # noqa: E402
+
+
+def main() -> None:
+    try:
+        settings = load_stack_config()
+    except ConfigError as exc:
+        raise pulumi.RunError(str(exc)) from None
+    cfg = settings.stack
+    project, stack = pulumi.get_project(), pulumi.get_stack()
+
+    provider = tagged_provider(
+        "aws-tagged", settings.region,
+        default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours))
+    use_provider = pulumi.ResourceOptions(providers=[provider])
+    account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
+
+    data = DataLayer("data", cfg.data, stack=stack, region=settings.region, account_id=account_id,
+                     protect=cfg.data_protection, opts=use_provider)
+    network = Network("net", cfg.network, compute=cfg.compute, account_id=account_id,
+                      kms_key_arn=data.kms_key.arn, opts=use_provider)
+    security = SecurityGroups("sg", vpc_id=network.vpc.id, vpc_cidr=cfg.network.cidr, opts=use_provider)
+
+    pulumi.export("vpcId", network.vpc.id)
+    pulumi.export("privateSubnetIds", network.private_subnet_ids)
+    pulumi.export("gpuSubnetIds", network.gpu_subnet_ids)
+    pulumi.export("efaSecurityGroupId", security.efa_sg.id)
+    pulumi.export("datasetsBucket", data.datasets_bucket.bucket)
+    pulumi.export("checkpointsBucket", data.checkpoints_bucket.bucket)
+    pulumi.export("ecrRepositoryUrl", data.ecr_repo.repository_url)
+    pulumi.export("kmsKeyArn", data.kms_key.arn)
+
+    if not cfg.compute:
+        return
+    # --- compute (infra-compute): cluster, node groups, platform, cost guard; one call + exports ---
+
+
+main()

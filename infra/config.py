@@ -1,0 +1,439 @@
+"""Typed stack configuration (namespace `ringtrain:` of Pulumi.<stack>.yaml), validated before any resource.
+
+`load_stack_config()` reads the running program's config; `parse_stack_config(raw, region)` is the pure
+part tests call directly. Every problem becomes ONE ConfigError whose message is
+    ringtrain:<key path>: <value> is invalid: <what is allowed>
+and the program turns it into a clean Pulumi error (no traceback).
+
+GPU shape (see catalog.GpuShape): GPU count per instance + GPU model + memory per GPU. Every node group
+needs one GPU count (a pod's `nvidia.com/gpu` request must fit every node of the group); a SPOT group
+must also keep one GPU shape so that a job landing on any mix of its types runs at one speed. Hence
+g5 (A10G) and g6 (L4) go into separate spot groups even though both are 4 x 24 GiB.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
+
+from infra.catalog import Catalog, load_catalog
+
+NAMESPACE = "ringtrain"
+REGION_KEY = "aws:region"
+REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+# Upper bound of an EKS managed node group (service quota "nodes per managed node group": 450).
+MAX_GROUP_NODES = 450
+SUPPORTED_KUBERNETES = ("1.31", "1.32", "1.33", "1.34")
+
+
+class ConfigError(Exception):
+    """A stack config value is wrong; the message names the key, the value and what is allowed."""
+
+
+def _problem(path: str, value: Any, allowed: str) -> ConfigError:
+    shown = "(missing)" if value is _MISSING else json.dumps(value, default=str)
+    return ConfigError(f"{NAMESPACE}:{path}: {shown} is invalid: {allowed}")
+
+
+_MISSING = object()
+
+
+# --------------------------------------------------------------------------------------------
+# Schema (shapes and single-field rules). Cross-field rules live in check_semantics().
+# --------------------------------------------------------------------------------------------
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=False, frozen=True,
+                              strict=True)
+
+
+def _cidr(value: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"an IPv4 CIDR with no host bits set, like 10.0.0.0/16 ({exc})") from None
+
+
+class NetworkConfig(_Section):
+    cidr: str = Field(description="a private (RFC 1918) IPv4 CIDR from /16 to /20, like 10.0.0.0/16")
+    availability_zones: list[str] = Field(
+        min_length=2, max_length=4,
+        description="2 to 4 distinct availability zones of aws:region, like [us-east-1a, us-east-1b]")
+    gpu_availability_zone: str = Field(
+        description="one of availabilityZones (EFA node groups live in one AZ)")
+    nat_gateways: Literal["single", "perAz"] = Field(description="single (one shared NAT, cheap) or perAz")
+    flow_logs: bool = Field(description="true or false (VPC flow logs to CloudWatch Logs)")
+    flow_log_retention_days: int = Field(
+        default=30, ge=1, le=3653, description="days to keep flow logs, 1..3653")
+    kubernetes_service_cidr: str = Field(
+        default="172.20.0.0/16",
+        description="an IPv4 CIDR for Kubernetes services that does not overlap the VPC cidr")
+
+    @field_validator("cidr")
+    @classmethod
+    def _vpc_cidr(cls, value: str) -> str:
+        net = _cidr(value)
+        if not net.is_private:
+            raise ValueError("a private (RFC 1918) IPv4 CIDR, like 10.0.0.0/16")
+        if not 16 <= net.prefixlen <= 20:
+            raise ValueError("a prefix length from /16 to /20 (the subnet layout needs room)")
+        return value
+
+    @field_validator("kubernetes_service_cidr")
+    @classmethod
+    def _service_cidr(cls, value: str) -> str:
+        _cidr(value)
+        return value
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("2 to 4 DISTINCT availability zones (a zone is listed twice)")
+        return value
+
+
+class DataConfig(_Section):
+    bucket_prefix: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{1,48}[a-z0-9]$",
+        description="3 to 50 characters of lowercase letters, digits and hyphens, starting and ending with "
+                    "a letter or digit (buckets are <prefix>-datasets and <prefix>-checkpoints)")
+    checkpoint_noncurrent_days: int = Field(
+        ge=1, le=3650, description="days to keep overwritten checkpoint versions, 1..3650")
+    abort_incomplete_upload_days: int = Field(
+        default=7, ge=1, le=365, description="days before incomplete multipart uploads are aborted, 1..365")
+    image_keep_count: int = Field(
+        default=30, ge=1, le=1000, description="tagged training images ECR keeps, 1..1000")
+
+
+class NodeCounts(_Section):
+    min_size: int = Field(ge=0, le=MAX_GROUP_NODES, description=f"an integer 0..{MAX_GROUP_NODES}")
+    max_size: int = Field(ge=1, le=MAX_GROUP_NODES, description=f"an integer 1..{MAX_GROUP_NODES}")
+    desired_size: int = Field(ge=0, le=MAX_GROUP_NODES, description=f"an integer 0..{MAX_GROUP_NODES}")
+
+
+class SystemNodesConfig(NodeCounts):
+    instance_type: str = Field(description="a CPU instance type from infra/catalog.yaml")
+
+
+class ClusterConfig(_Section):
+    kubernetes_version: str = Field(description=f"one of {', '.join(SUPPORTED_KUBERNETES)} (a quoted string)")
+    public_access_cidrs: list[str] = Field(
+        default_factory=list,
+        description="IPv4 CIDRs allowed to reach the public API endpoint; [] = private endpoint only; "
+                    "never 0.0.0.0/0")
+    system_nodes: SystemNodesConfig
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if value not in SUPPORTED_KUBERNETES:
+            raise ValueError(f"one of {', '.join(SUPPORTED_KUBERNETES)} (a quoted string)")
+        return value
+
+
+class NodeGroupConfig(NodeCounts):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$",
+                      description="2 to 32 lowercase letters, digits and hyphens, starting with a letter")
+    instance_types: list[str] = Field(min_length=1, max_length=8,
+                                      description="1 to 8 GPU instance types from infra/catalog.yaml")
+    capacity_type: Literal["ON_DEMAND", "SPOT"] = Field(description="ON_DEMAND or SPOT")
+    efa: bool = Field(description="true or false")
+    placement_group: bool = Field(default=True, description="true or false")
+    root_volume_gib: int = Field(default=200, alias="rootVolumeGiB", ge=50, le=16384,
+                                 description="an integer 50..16384 (GiB)")
+    capacity_reservation_id: str | None = Field(
+        default=None, pattern=r"^cr-[0-9a-f]{8,17}$", description="null or a capacity reservation id cr-...")
+
+
+class CostGuardConfig(_Section):
+    idle_minutes: int = Field(ge=1, le=1440, description="an integer 1..1440")
+    idle_gpu_utilization_percent: int = Field(ge=0, le=100, description="an integer 0..100")
+    monthly_budget_usd: float = Field(gt=0, le=10_000_000, description="a positive amount of US dollars")
+    notification_email: str = Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", description="an e-mail address")
+
+    @field_validator("monthly_budget_usd", mode="before")
+    @classmethod
+    def _number(cls, value: Any) -> Any:
+        # JSON has one number type: accept 500 as well as 500.0 (strict mode would refuse the int).
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+class StackConfig(_Section):
+    owner: str = Field(pattern=r"^[A-Za-z0-9_.:/=+\-@ ]+$", min_length=1, max_length=256,
+                       description="a tag value: 1 to 256 letters, digits, spaces and _.:/=+-@")
+    cost_center: str = Field(pattern=r"^[A-Za-z0-9_.:/=+\-@ ]+$", min_length=1, max_length=256,
+                             description="a tag value: 1 to 256 letters, digits, spaces and _.:/=+-@")
+    ttl_hours: int = Field(default=72, ge=1, le=8760, description="an integer 1..8760")
+    compute: bool = Field(default=True, description="true (cluster up) or false (compute removed, data kept)")
+    data_protection: bool = Field(
+        default=True, description="true (data layer protected) or false (only to delete the data layer)")
+    network: NetworkConfig
+    data: DataConfig
+    cluster: ClusterConfig
+    node_groups: list[NodeGroupConfig] = Field(max_length=16, description="a list of up to 16 node groups")
+    cost_guard: CostGuardConfig
+
+
+class Settings(BaseModel):
+    """The validated config plus the region it applies to."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    region: str
+    stack: StackConfig
+
+
+# --------------------------------------------------------------------------------------------
+# Error translation
+# --------------------------------------------------------------------------------------------
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _field_at(loc: tuple) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The model class and field a pydantic error location points at (aliases, list indexes skipped)."""
+    model: Any = StackConfig
+    info: FieldInfo | None = None
+    owner: type[BaseModel] | None = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return owner, info
+        by_alias = {(f.alias or n): f for n, f in model.model_fields.items()}
+        if part not in by_alias:
+            return model, None
+        owner, info = model, by_alias[part]
+        ann = info.annotation
+        args = getattr(ann, "__args__", ())
+        model = args[0] if getattr(ann, "__origin__", None) is list and args else ann
+    return owner, info
+
+
+def _allowed_keys(model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    return ", ".join((f.alias or n) for n, f in model.model_fields.items())
+
+
+def _translate(err: dict) -> ConfigError:
+    loc = tuple(err.get("loc", ()))
+    path = _path(loc)
+    kind = err.get("type", "")
+    value = err.get("input", _MISSING)
+    if kind == "extra_forbidden":
+        parent_model = _nested_model(loc[:-1])
+        return _problem(path, value, f"unknown key; allowed keys here: {_allowed_keys(parent_model)}")
+    _, info = _field_at(loc)
+    described = info.description if info is not None and info.description else None
+    if kind == "missing":
+        return _problem(path, _MISSING, "required; " + (described or err.get("msg", "")))
+    if kind == "value_error":
+        reason = str(err.get("ctx", {}).get("error", err.get("msg", "")))
+        return _problem(path, value, reason)
+    if kind.startswith("model_type") or kind.startswith("dict_type"):
+        return _problem(path, value, "a mapping of keys; allowed keys: " + _allowed_keys(_nested_model(loc)))
+    return _problem(path, value, described or err.get("msg", "invalid"))
+
+
+def _nested_model(loc: tuple) -> type[BaseModel] | None:
+    model: Any = StackConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return None
+        ann = fields[part].annotation
+        args = getattr(ann, "__args__", ())
+        model = args[0] if getattr(ann, "__origin__", None) is list and args else ann
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Cross-field rules
+# --------------------------------------------------------------------------------------------
+
+
+def _check_counts(path: str, counts: NodeCounts, min_floor: int = 0) -> None:
+    if counts.min_size < min_floor:
+        raise _problem(f"{path}.minSize", counts.min_size, f"at least {min_floor} (system pods need a node)")
+    if counts.min_size > counts.max_size:
+        raise _problem(f"{path}.minSize", counts.min_size, f"at most maxSize ({counts.max_size})")
+    if not counts.min_size <= counts.desired_size <= counts.max_size:
+        raise _problem(f"{path}.desiredSize", counts.desired_size,
+                       f"between minSize ({counts.min_size}) and maxSize ({counts.max_size})")
+
+
+def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
+    """Rules that span fields or need the catalog. Raises the first ConfigError found."""
+    net = cfg.network
+    vpc = ipaddress.IPv4Network(net.cidr)
+    for i, az in enumerate(net.availability_zones):
+        if not re.fullmatch(re.escape(region) + r"[a-z]", az):
+            raise _problem(f"network.availabilityZones[{i}]", az,
+                           f"a zone of aws:region {region} ({region}a, {region}b, ...)")
+    if net.gpu_availability_zone not in net.availability_zones:
+        raise _problem("network.gpuAvailabilityZone", net.gpu_availability_zone,
+                       f"one of network.availabilityZones ({', '.join(net.availability_zones)})")
+    service = ipaddress.IPv4Network(net.kubernetes_service_cidr)
+    if service.overlaps(vpc):
+        raise _problem("network.kubernetesServiceCidr", net.kubernetes_service_cidr,
+                       f"a CIDR that does not overlap network.cidr ({net.cidr})")
+    if service.overlaps(ipaddress.IPv4Network("172.17.0.0/16")):
+        raise _problem("network.kubernetesServiceCidr", net.kubernetes_service_cidr,
+                       "a CIDR outside 172.17.0.0/16 (the Docker bridge range)")
+
+    seen_public: list[tuple[int, ipaddress.IPv4Network]] = []
+    for i, raw in enumerate(cfg.cluster.public_access_cidrs):
+        key = f"cluster.publicAccessCidrs[{i}]"
+        try:
+            net_i = _cidr(raw)
+        except ValueError as exc:
+            raise _problem(key, raw, str(exc)) from None
+        if net_i.prefixlen == 0:
+            raise _problem(key, raw, "a specific CIDR (never 0.0.0.0/0; [] keeps the endpoint private)")
+        for j, other in seen_public:
+            if net_i.overlaps(other):
+                raise _problem(key, raw,
+                               f"a CIDR that does not overlap cluster.publicAccessCidrs[{j}] ({other})")
+        seen_public.append((i, net_i))
+
+    system = cfg.cluster.system_nodes
+    sys_type = catalog.get(system.instance_type)
+    if sys_type is None or sys_type.gpus:
+        raise _problem("cluster.systemNodes.instanceType", system.instance_type,
+                       f"a CPU instance type from infra/catalog.yaml: {', '.join(catalog.cpu_types())}")
+    _check_counts("cluster.systemNodes", system, min_floor=1)
+
+    if cfg.compute and not cfg.node_groups:
+        raise _problem("nodeGroups", [], "at least one GPU node group while compute is true")
+    names: set[str] = set()
+    for i, group in enumerate(cfg.node_groups):
+        base = f"nodeGroups[{i}]"
+        if group.name in names:
+            raise _problem(f"{base}.name", group.name, "a name no other node group uses")
+        names.add(group.name)
+        if len(set(group.instance_types)) != len(group.instance_types):
+            raise _problem(f"{base}.instanceTypes", group.instance_types, "distinct instance types")
+        types = []
+        for j, name in enumerate(group.instance_types):
+            rec = catalog.get(name)
+            if rec is None or rec.gpus == 0:
+                raise _problem(f"{base}.instanceTypes[{j}]", name,
+                               "a GPU instance type from infra/catalog.yaml: "
+                               + ", ".join(catalog.gpu_types()))
+            types.append(rec)
+        first = types[0]
+        for j, rec in enumerate(types[1:], start=1):
+            if rec.gpus != first.gpus:
+                raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
+                               f"a type with {first.gpus} GPUs like {first.name} (one group, one GPU count)")
+            if group.capacity_type == "SPOT" and rec.shape != first.shape:
+                raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
+                               f"a type of the spot pool's GPU shape {first.shape.describe()} "
+                               f"like {first.name} "
+                               f"(it is {rec.shape.describe()}; put other shapes in their own group)")
+        if group.efa:
+            for j, rec in enumerate(types):
+                if not rec.efa:
+                    raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
+                                   f"an EFA-capable type while efa is true: {', '.join(catalog.efa_types())}")
+                if rec.network_cards != first.network_cards:
+                    raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
+                                   f"a type with {first.network_cards} network cards like {first.name} "
+                                   "(one launch template, one EFA interface layout)")
+        if group.capacity_reservation_id is not None:
+            if group.capacity_type != "ON_DEMAND":
+                raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
+                               "null for SPOT groups (reservations are on-demand capacity)")
+            if len(group.instance_types) != 1:
+                raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
+                               "null unless the group has exactly one instance type (a reservation has one)")
+            if group.efa and group.placement_group:
+                raise _problem(f"{base}.placementGroup", True,
+                               "false with a capacityReservationId (a forced cluster placement group "
+                               "conflicts with reserved capacity)")
+        _check_counts(base, group)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+
+def _decode(value: Any) -> Any:
+    """Engine config values are strings; structured and scalar non-string values are JSON text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+# Top-level keys whose values are plain strings even when they look like JSON ("123", "true").
+_STRING_KEYS = {"owner", "costCenter"}
+
+
+def raw_namespace(config: dict[str, Any]) -> dict[str, Any]:
+    """The `ringtrain:` keys of an engine config map, prefix removed, values decoded."""
+    out: dict[str, Any] = {}
+    prefix = NAMESPACE + ":"
+    for key, value in config.items():
+        if key.startswith(prefix):
+            short = key[len(prefix):]
+            out[short] = value if short in _STRING_KEYS else _decode(value)
+    return out
+
+
+def parse_stack_config(raw: dict[str, Any], region: Any, catalog: Catalog | None = None) -> Settings:
+    """Validate a decoded `ringtrain:` namespace for `region`; raise one ConfigError or return Settings."""
+    catalog = catalog or load_catalog()
+    if not isinstance(region, str) or not REGION_RE.match(region):
+        shown = json.dumps(region) if region is not None else "(missing)"
+        raise ConfigError(f"{REGION_KEY}: {shown} is invalid: an AWS region like us-east-1 "
+                          "(set it with `pulumi config set aws:region us-east-1`)")
+    try:
+        cfg = StackConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = _translate(errors[0])
+        if len(errors) > 1:
+            first = ConfigError(f"{first} (and {len(errors) - 1} more problem(s) after fixing this one)")
+        raise first from None
+    check_semantics(cfg, region, catalog)
+    return Settings(region=region, stack=cfg)
+
+
+def engine_config_map() -> dict[str, Any]:
+    """Every config key the engine gave this program (the language host sets CONFIG or PULUMI_CONFIG)."""
+    from pulumi.runtime import config as runtime_config
+
+    merged: dict[str, Any] = dict(runtime_config.get_config_env())
+    merged.update(runtime_config.CONFIG.get())
+    return merged
+
+
+def load_stack_config() -> Settings:
+    """Read and validate the running stack's config (call before declaring any resource)."""
+    config = engine_config_map()
+    return parse_stack_config(raw_namespace(config), config.get(REGION_KEY) or os.environ.get("AWS_REGION"))
