@@ -6,9 +6,13 @@ import os
 import sys
 import warnings
 
-from cluster.job import EXIT_BAD_INPUT
-from train.config import parse_args
-from train.errors import BadInput
+from train.stop import STOP
+
+STOP.install()  # before the slow imports below: a SIGTERM during start-up must not be lost
+
+from cluster.job import EXIT_BAD_INPUT  # noqa: E402
+from train.config import parse_args  # noqa: E402
+from train.errors import BadInput  # noqa: E402
 
 
 def _is_reporting_rank() -> bool:

@@ -8,7 +8,6 @@ leaves one rank waiting on another.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,23 +22,11 @@ from train.config import TrainConfig
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
 from train.model import build_model
+from train.stop import STOP, StopRequest
 from train.storage import open_store
 
 # Test hook: seconds to sleep after every step, so a test can signal a run at a step of its choosing.
 FAULT_STEP_SLEEP_ENV = "RINGTRAIN_FAULT_STEP_SLEEP_S"
-
-
-class StopRequest:
-    """SIGTERM only sets a flag; the loop acts on it at the next step boundary, on every rank at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
 
 
 @dataclass
@@ -385,10 +372,8 @@ def run(cfg: TrainConfig) -> int:
     configure_horovod_env(cfg)
     import horovod.torch as hvd
 
-    stop = StopRequest()
-    stop.install()
     hvd.init()
-    trainer = Trainer(cfg, hvd, stop)
+    trainer = Trainer(cfg, hvd, STOP)
     if cfg.horovod.elastic:
         return _run_elastic(trainer, hvd)
 

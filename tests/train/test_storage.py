@@ -1,0 +1,140 @@
+"""Datasets and checkpoints on a local directory and on a real S3-compatible server (moto on loopback)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from cluster.local.objectstore import LOCAL_CREDENTIALS, ObjectStore, free_port
+from train import checkpoint as ckpt
+from train import data as data_mod
+from train.errors import BadInput
+from train.storage import open_store
+
+
+@pytest.fixture
+def s3_env(object_store, monkeypatch):
+    for k, v in LOCAL_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    return object_store.endpoint_url
+
+
+def test_dataset_round_trip_on_s3_and_labels_follow_the_teacher(s3_env, s3_bucket):
+    uri = f"s3://{s3_bucket}/datasets/toy"
+    index = data_mod.generate(uri, shards=3, samples_per_shard=20, seed=7, endpoint_url=s3_env)
+    assert [s["name"] for s in index["shards"]] == ["shard-00000.npz", "shard-00001.npz", "shard-00002.npz"]
+    ds = data_mod.load(uri, s3_env)
+    assert ds.x.shape == (60, *data_mod.INPUT_SHAPE) and ds.y.shape == (60,)
+    w = data_mod.teacher_weights(7)
+    assert np.array_equal(np.argmax(ds.x.numpy().reshape(60, -1) @ w, axis=1), ds.y.numpy())
+
+
+def test_missing_and_corrupt_datasets_are_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="no such directory"):
+        data_mod.load(str(tmp_path / "nope"))
+    with pytest.raises(BadInput, match="index.json not found"):
+        data_mod.load(str(tmp_path))
+    data_mod.generate(str(tmp_path), shards=2, samples_per_shard=8, seed=0)
+    (tmp_path / "shard-00001.npz").write_bytes(b"garbage")
+    with pytest.raises(BadInput, match="shard-00001.npz fails its sha256 check"):
+        data_mod.load(str(tmp_path))
+
+
+def test_unreachable_endpoint_is_one_clear_error_quickly(monkeypatch):
+    for k, v in LOCAL_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    dead = f"http://127.0.0.1:{free_port()}"
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(BadInput, match="cannot reach the S3 endpoint"):
+        data_mod.load("s3://bucket/ds", dead)
+    assert time.monotonic() - t0 < 30
+
+
+def test_missing_bucket_is_bad_input(s3_env):
+    with pytest.raises(BadInput, match="bucket 'no-such-bucket-xyz' does not exist"):
+        open_store("s3://no-such-bucket-xyz/ck", s3_env).check(create=True)
+
+
+def test_rejected_credentials_are_bad_input(monkeypatch):
+    # A second server that enforces IAM auth: any key it does not know is refused.
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    with ObjectStore() as strict:
+        monkeypatch.delenv("INITIAL_NO_AUTH_ACTION_COUNT")
+        for k, v in LOCAL_CREDENTIALS.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(BadInput, match="S3 rejected the credentials"):
+            open_store("s3://some-bucket/ck", strict.endpoint_url).check(create=True)
+
+
+def _state(step: int) -> dict:
+    return {"step": step, "w": torch.full((3,), float(step))}
+
+
+@pytest.fixture(params=["local", "s3"])
+def checkpoints(request, tmp_path):
+    if request.param == "local":
+        return ckpt.CheckpointStore(open_store(str(tmp_path / "ck")), keep=2)
+    env = request.getfixturevalue("s3_env")
+    bucket = request.getfixturevalue("s3_bucket")
+    return ckpt.CheckpointStore(open_store(f"s3://{bucket}/checkpoints/job", env), keep=2)
+
+
+def test_newest_valid_checkpoint_wins_and_only_the_last_n_are_kept(checkpoints):
+    assert checkpoints.latest_valid() is None
+    for step in (10, 20, 30):
+        checkpoints.write(step, ckpt.serialize(_state(step)))
+    assert checkpoints.valid_steps() == [20, 30]
+    assert not any(k.startswith("step-000000010/") for k in checkpoints.store.list())
+    found = checkpoints.latest_valid()
+    assert found.step == 30 and torch.equal(found.state["w"], torch.full((3,), 30.0))
+
+
+def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints):
+    checkpoints.write(10, ckpt.serialize(_state(10)))
+    checkpoints.write(20, ckpt.serialize(_state(20)))
+    # A write killed before its manifest: objects only.
+    checkpoints.store.put("step-000000030/state.pt", ckpt.serialize(_state(30)))
+    # A corrupt newest-but-one: bytes changed after the manifest was written.
+    checkpoints.store.put("step-000000020/state.pt", b"flipped bits")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = checkpoints.latest_valid()
+    assert found.step == 10
+    messages = [str(w.message) for w in caught]
+    assert any("step-000000030: no manifest" in m for m in messages)
+    assert any("step-000000020: state.pt fails its sha256 check" in m for m in messages)
+
+
+def test_manifest_is_written_last(tmp_path, monkeypatch):
+    store = open_store(str(tmp_path))
+    order = []
+    real_put = store.put
+    monkeypatch.setattr(store, "put", lambda key, data: (order.append(key), real_put(key, data)))
+    ckpt.CheckpointStore(store, keep=1).write(5, ckpt.serialize(_state(5)))
+    assert order == ["step-000000005/state.pt", "step-000000005/manifest.json"]
+    manifest = json.loads((tmp_path / "step-000000005" / "manifest.json").read_text())
+    assert manifest["step"] == 5 and len(manifest["objects"]["state.pt"]["sha256"]) == 64
+
+
+def test_background_writer_serializes_uploads_and_reraises_errors(tmp_path):
+    checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=5)
+    writer = ckpt.BackgroundWriter(checkpoints)
+    writer.submit(1, ckpt.serialize(_state(1)))
+    writer.submit(2, ckpt.serialize(_state(2)))
+    writer.wait()
+    assert writer.written == 2 and checkpoints.valid_steps() == [1, 2]
+
+    class Broken(ckpt.CheckpointStore):
+        def write(self, step, data):
+            raise OSError("disk full")
+
+    writer = ckpt.BackgroundWriter(Broken(checkpoints.store, keep=1))
+    writer.submit(3, b"x")
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()

@@ -1,0 +1,106 @@
+"""Pure logic of the trainer: config validation, sampler, LR schedule, summary line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from train.config import parse_args
+from train.data import ShardedSampler
+from train.errors import BadInput
+from train.metrics import SUMMARY_KEYS, parse_summary, summary_line
+from train.trainer import lr_at
+
+
+def test_defaults_parse():
+    cfg = parse_args([])
+    assert cfg.data.source == "synthetic" and cfg.model.name == "mlp" and cfg.checkpoint.uri is None
+
+
+def test_flags_reach_the_config_tree():
+    cfg = parse_args(["--model", "cnn", "--steps", "7", "--batch-size", "4", "--compression", "fp16",
+                      "--backward-passes-per-step", "2", "--fusion-threshold-mb", "16", "--cycle-time-ms", "2.5",
+                      "--checkpoint-dir", "s3://b/ck", "--checkpoint-every", "5", "--keep-checkpoints", "2",
+                      "--precision", "bf16", "--clip-grad-norm", "1.0", "--elastic", "--log-every", "3"])
+    assert (cfg.model.name, cfg.steps, cfg.data.batch_size) == ("cnn", 7, 4)
+    assert cfg.horovod.compression == "fp16" and cfg.horovod.backward_passes_per_step == 2
+    assert cfg.horovod.fusion_threshold_mb == 16 and cfg.horovod.cycle_time_ms == 2.5 and cfg.horovod.elastic
+    assert (cfg.checkpoint.uri, cfg.checkpoint.every, cfg.checkpoint.keep) == ("s3://b/ck", 5, 2)
+    assert cfg.precision == "bf16" and cfg.optim.clip_grad_norm == 1.0 and cfg.metrics.log_every == 3
+
+
+def test_endpoint_defaults_to_aws_endpoint_url(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert parse_args([]).s3_endpoint_url == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--steps", "0"], "--steps 0: must be >= 1"),
+    (["--batch-size", "-1"], "--batch-size -1"),
+    (["--model", "resnet"], "invalid choice: 'resnet'"),
+    (["--data", "http://x/y"], "--data 'http://x/y': use 'synthetic', s3://bucket/prefix or a local directory"),
+    (["--checkpoint-dir", "gs://b/x"], "--checkpoint-dir 'gs://b/x'"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints 0: must be >= 1"),
+    (["--adasum", "--compression", "fp16"], "--adasum with --compression fp16"),
+    (["--s3-endpoint-url", "127.0.0.1:9000"], "must start with http:// or https://"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_arguments_name_the_problem(argv, says):
+    with pytest.raises(BadInput, match=None) as e:
+        parse_args(argv)
+    assert says in str(e.value)
+
+
+def test_sampler_shards_are_disjoint_and_cover_an_epoch():
+    world, batch, n = 3, 4, 50
+    s = ShardedSampler(n, seed=1)
+    seen = []
+    for _ in range(n // (world * batch)):
+        pos = s.state()
+        step = []
+        for rank in range(world):
+            s.load_state(pos)
+            step.append(s.next_indices(rank, world, batch))
+        seen.extend(np.concatenate(step).tolist())
+    assert len(seen) == len(set(seen)) == (n // (world * batch)) * world * batch
+    assert s.state() == {"epoch": 0, "offset": 48}
+    s.next_indices(0, world, batch)  # 48 + 12 > 50: next epoch, new order
+    assert s.state() == {"epoch": 1, "offset": 12}
+
+
+def test_sampler_position_restores_exactly():
+    a = ShardedSampler(100, seed=5)
+    for _ in range(9):
+        a.next_indices(1, 2, 8)
+    b = ShardedSampler(100, seed=5)
+    b.load_state(a.state())
+    assert np.array_equal(a.next_indices(1, 2, 8), b.next_indices(1, 2, 8))
+    assert not np.array_equal(ShardedSampler(100, seed=6).permutation(0), a.permutation(0))
+
+
+def test_sampler_refuses_a_dataset_smaller_than_a_global_batch():
+    with pytest.raises(BadInput, match="fewer than one global batch"):
+        ShardedSampler(10, seed=0).next_indices(0, 2, 8)
+
+
+def test_lr_scales_with_workers_and_warms_up():
+    cfg = parse_args(["--lr", "0.1", "--warmup-steps", "10", "--backward-passes-per-step", "2"])
+    assert lr_at(0, cfg, 4, 4, False) == pytest.approx(0.1)
+    assert lr_at(5, cfg, 4, 4, False) == pytest.approx(0.1 + (0.8 - 0.1) / 2)
+    assert lr_at(10, cfg, 4, 4, False) == pytest.approx(0.8)
+    adasum = parse_args(["--lr", "0.1", "--adasum"])
+    assert lr_at(0, adasum, 4, 2, False) == pytest.approx(0.1)
+    assert lr_at(0, adasum, 4, 2, True) == pytest.approx(0.2)
+
+
+def test_summary_line_round_trips_and_requires_every_key():
+    summary = dict.fromkeys(SUMMARY_KEYS, 1) | {"interrupted": False, "resumed_from_step": None}
+    line = summary_line(summary)
+    assert line.startswith("RINGTRAIN_SUMMARY {")
+    assert parse_summary(f"noise\n{line}\nmore") == json.loads(line.split(" ", 1)[1])
+    with pytest.raises(ValueError, match="lacks"):
+        summary_line({"steps": 1})
+    with pytest.raises(ValueError, match="exactly one"):
+        parse_summary(f"{line}\n{line}")
