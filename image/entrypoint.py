@@ -1,0 +1,490 @@
+#!/usr/bin/env python3
+"""Entrypoint of the ringtrain training image.
+
+    entrypoint.py selftest                         check the node, exit 0 (all pass) or 1
+    entrypoint.py train [--selftest] [--] ARGS     optional self-test, then exec `python -m train ARGS`
+    entrypoint.py launcher [--selftest] -- CMD     optional self-test, then exec CMD (the horovodrun
+                                                   command cluster.launch renders) on the MPIJob launcher
+    entrypoint.py sshd                             MPIJob worker: host keys, then exec `sshd -D -e`
+
+The self-test checks what a training run silently depends on: Horovod was built with what the image
+promises (`horovodrun --check-build`), the GPUs are visible, the EFA devices are visible and usable by
+libfabric when EFA is expected, and two local ranks can allreduce through horovodrun (NCCL on GPUs
+when two are visible, Gloo on CPU otherwise).
+
+Environment (all optional):
+    RINGTRAIN_SELFTEST           1/0: run the self-test before `train`/`launcher` (default 0)
+    RINGTRAIN_EXPECT_GPUS        auto (at least one) | N (at least N; 0 skips the check)   [auto]
+    RINGTRAIN_EXPECT_EFA         auto (check devices if present) | N (at least N; 0 skips)  [auto]
+    RINGTRAIN_SELFTEST_REQUIRE   what --check-build must list      [PyTorch,Gloo,MPI,NCCL]
+    RINGTRAIN_SELFTEST_TIMEOUT   seconds each external check may take                        [180]
+    RINGTRAIN_ENV_FILE           NCCL/EFA defaults applied where unset [/etc/ringtrain/nccl-efa.env]
+    RINGTRAIN_SSH_DIR            where the MPI Operator mounts the job's keys (sshAuthMountPath) [/root/.ssh]
+
+Exit codes: 0 success, 1 self-test failed, 2 bad invocation or configuration (one message, no
+traceback). This file uses only the standard library, so it runs before anything else is known to work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_SELFTEST_FAILED = 1
+EXIT_USAGE = 2
+
+DEFAULT_ENV_FILE = "/etc/ringtrain/nccl-efa.env"
+DEFAULT_SSH_DIR = Path("/root/.ssh")          # the MPI Operator's default sshAuthMountPath
+DEFAULT_HOST_KEY_DIR = Path("/etc/ssh")
+DEFAULT_SYSFS_INFINIBAND = Path("/sys/class/infiniband")
+SSHD = "/usr/sbin/sshd"
+SSHD_RUN_DIR = Path("/run/sshd")              # sshd's privilege-separation directory
+
+# Where each name appears in `horovodrun --check-build` output (MPI and Gloo also appear as tensor
+# operations; what the image promises is the controllers).
+CHECK_BUILD_SECTIONS = {
+    "PyTorch": "Available Frameworks",
+    "TensorFlow": "Available Frameworks",
+    "MXNet": "Available Frameworks",
+    "MPI": "Available Controllers",
+    "Gloo": "Available Controllers",
+    "NCCL": "Available Tensor Operations",
+    "DDL": "Available Tensor Operations",
+    "CCL": "Available Tensor Operations",
+}
+DEFAULT_REQUIRE = ("PyTorch", "Gloo", "MPI", "NCCL")
+ALLREDUCE_OK = "RINGTRAIN_ALLREDUCE_OK"
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+class UsageError(Exception):
+    """Bad invocation or configuration; the message says what is wrong and what is allowed."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class Invocation:
+    mode: str                  # selftest | train | launcher | sshd | allreduce-worker
+    selftest: bool             # run the self-test before handing over
+    args: tuple[str, ...]      # trainer args (train), command (launcher), worker args
+
+
+@dataclass(frozen=True)
+class Settings:
+    expect_gpus: int | None    # None: auto (at least one)
+    expect_efa: int | None     # None: auto (check only if devices are present)
+    require: tuple[str, ...]
+    timeout_s: float
+
+
+def _flag(value: str, name: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise UsageError(f"{name}={value!r}: use 1 or 0")
+
+
+def _expectation(value: str, name: str) -> int | None:
+    v = value.strip().lower()
+    if v in ("", "auto"):
+        return None
+    if v.isdigit():
+        return int(v)
+    raise UsageError(f"{name}={value!r}: use 'auto' or a whole number (0 skips the check)")
+
+
+def parse_settings(env: Mapping[str, str]) -> Settings:
+    require = tuple(
+        x.strip() for x in env.get("RINGTRAIN_SELFTEST_REQUIRE", ",".join(DEFAULT_REQUIRE)).split(",")
+        if x.strip()
+    )
+    unknown = [r for r in require if r not in CHECK_BUILD_SECTIONS]
+    if unknown:
+        allowed = ", ".join(CHECK_BUILD_SECTIONS)
+        raise UsageError(f"RINGTRAIN_SELFTEST_REQUIRE names {', '.join(unknown)}; allowed: {allowed}")
+    raw_timeout = env.get("RINGTRAIN_SELFTEST_TIMEOUT", "180")
+    try:
+        timeout_s = float(raw_timeout)
+    except ValueError:
+        timeout_s = -1.0
+    if not 0 < timeout_s <= 3600:
+        raise UsageError(f"RINGTRAIN_SELFTEST_TIMEOUT={raw_timeout!r}: use seconds between 1 and 3600")
+    return Settings(
+        expect_gpus=_expectation(env.get("RINGTRAIN_EXPECT_GPUS", "auto"), "RINGTRAIN_EXPECT_GPUS"),
+        expect_efa=_expectation(env.get("RINGTRAIN_EXPECT_EFA", "auto"), "RINGTRAIN_EXPECT_EFA"),
+        require=require,
+        timeout_s=timeout_s,
+    )
+
+
+def parse_invocation(argv: Sequence[str], env: Mapping[str, str]) -> Invocation:
+    if not argv:
+        raise UsageError("no mode given; use one of: selftest, train, launcher, sshd")
+    mode, rest = argv[0], list(argv[1:])
+    if mode in ("selftest", "sshd"):
+        if rest:
+            raise UsageError(f"mode '{mode}' takes no arguments (got {' '.join(rest)})")
+        return Invocation(mode, mode == "selftest", ())
+    if mode in ("train", "launcher"):
+        selftest = _flag(env.get("RINGTRAIN_SELFTEST", "0"), "RINGTRAIN_SELFTEST")
+        while rest and rest[0] in ("--selftest", "--no-selftest"):
+            selftest = rest.pop(0) == "--selftest"
+        if rest and rest[0] == "--":
+            rest.pop(0)
+        if mode == "launcher" and not rest:
+            raise UsageError("mode 'launcher' needs the command to run, e.g. launcher -- horovodrun ...")
+        return Invocation(mode, selftest, tuple(rest))
+    if mode == "allreduce-worker":
+        if rest not in (["--device", "cpu"], ["--device", "cuda"]):
+            raise UsageError("allreduce-worker takes --device cpu|cuda")
+        return Invocation(mode, False, (rest[1],))
+    raise UsageError(f"unknown mode {mode!r}; use one of: selftest, train, launcher, sshd")
+
+
+def parse_env_file(text: str, source: str = "env file") -> dict[str, str]:
+    """KEY=VALUE lines; blank lines and '#' comments ignored. Anything else is an error."""
+    values: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(\S*)", stripped)
+        if not m:
+            raise UsageError(f"{source}:{n}: {line!r} is not KEY=VALUE (no spaces, no quotes)")
+        if m.group(1) in values:
+            raise UsageError(f"{source}:{n}: {m.group(1)} is set twice")
+        values[m.group(1)] = m.group(2)
+    return values
+
+
+def apply_env_defaults(env: MutableMapping[str, str], defaults: Mapping[str, str]) -> list[str]:
+    """Set each default the environment does not set already (a pod spec or -x wins). Returns the keys set."""
+    applied = []
+    for key, value in defaults.items():
+        if key not in env:
+            env[key] = value
+            applied.append(key)
+    return applied
+
+
+# --------------------------------------------------------------------------------------------------
+# Host facts, behind one seam so tests can point them at fakes
+
+
+@dataclass
+class CmdResult:
+    rc: int
+    out: str
+
+
+@dataclass
+class Host:
+    env: Mapping[str, str]
+    sysfs_infiniband: Path = DEFAULT_SYSFS_INFINIBAND
+    python: str = sys.executable
+
+    def which(self, name: str) -> str | None:
+        # The venv's own horovodrun sits beside the interpreter even when PATH lacks the venv.
+        beside = Path(self.python).parent / name
+        if name == "horovodrun" and beside.exists():
+            return str(beside)
+        return shutil.which(name, path=self.env.get("PATH", os.defpath))
+
+    def run(self, cmd: Sequence[str], timeout_s: float) -> CmdResult:
+        """Run cmd in its own process group; on timeout the whole group is killed (no stray ranks)."""
+        try:
+            proc = subprocess.Popen(
+                list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env=dict(self.env), start_new_session=True,
+            )
+        except OSError as e:
+            return CmdResult(127, f"cannot run {cmd[0]}: {e.strerror}")
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return CmdResult(124, (out or "") + f"\n{cmd[0]} timed out after {timeout_s:.0f} s")
+        return CmdResult(proc.returncode, out or "")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+    skipped: bool = False
+
+    def line(self) -> str:
+        status = "SKIP" if self.skipped else ("PASS" if self.ok else "FAIL")
+        return f"selftest: {status} {self.name}: {self.detail}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks: pure parsing/decisions first, then the thin functions that gather the facts
+
+
+def parse_check_build(text: str) -> dict[str, dict[str, bool]]:
+    """`horovodrun --check-build` output -> {section: {name: built?}}."""
+    sections: dict[str, dict[str, bool]] = {}
+    current = None
+    for line in text.splitlines():
+        header = re.fullmatch(r"\s*(Available [A-Za-z ]+):\s*", line)
+        if header:
+            current = sections.setdefault(header.group(1), {})
+            continue
+        item = re.fullmatch(r"\s*\[([ X])\]\s+(\S+)\s*", line)
+        if item and current is not None:
+            current[item.group(2)] = item.group(1) == "X"
+    return sections
+
+
+def missing_from_build(sections: Mapping[str, Mapping[str, bool]], require: Sequence[str]) -> list[str]:
+    return [name for name in require if not sections.get(CHECK_BUILD_SECTIONS[name], {}).get(name, False)]
+
+
+def count_nvidia_smi_gpus(text: str) -> int:
+    """`nvidia-smi -L` prints one 'GPU <n>: <name> (UUID: ...)' line per visible GPU."""
+    return sum(1 for line in text.splitlines() if re.match(r"GPU \d+:", line.strip()))
+
+
+def efa_devices(sysfs_infiniband: Path) -> list[str]:
+    """RDMA devices whose kernel driver is efa (their names, e.g. rdmap16s27, do not say so)."""
+    if not sysfs_infiniband.is_dir():
+        return []
+    found = []
+    for dev in sorted(sysfs_infiniband.iterdir()):
+        driver = dev / "device" / "driver"
+        if driver.exists() and driver.resolve().name == "efa":
+            found.append(dev.name)
+    return found
+
+
+def fi_info_has_efa(text: str) -> bool:
+    return re.search(r"^\s*provider:\s*efa\s*$", text, re.MULTILINE) is not None
+
+
+def choose_allreduce_device(gpu_count: int) -> str:
+    """NCCL needs one GPU per rank: two visible GPUs test the NCCL path, fewer test Gloo on CPU."""
+    return "cuda" if gpu_count >= 2 else "cpu"
+
+
+def check_horovod_build(host: Host, settings: Settings) -> CheckResult:
+    name = "horovod check-build"
+    horovodrun = host.which("horovodrun")
+    if not horovodrun:
+        return CheckResult(name, False, "horovodrun is not installed (not on PATH)")
+    res = host.run([horovodrun, "--check-build"], settings.timeout_s)
+    if res.rc != 0:
+        return CheckResult(name, False, f"horovodrun --check-build exited {res.rc}: {res.out.strip()[-300:]}")
+    missing = missing_from_build(parse_check_build(res.out), settings.require)
+    if missing:
+        return CheckResult(name, False, f"Horovod was built without {', '.join(missing)}")
+    return CheckResult(name, True, "built with " + ", ".join(settings.require))
+
+
+def visible_gpus(host: Host, timeout_s: float) -> tuple[int, str]:
+    smi = host.which("nvidia-smi")
+    if smi:
+        res = host.run([smi, "-L"], timeout_s)
+        if res.rc == 0:
+            return count_nvidia_smi_gpus(res.out), "nvidia-smi"
+    res = host.run([host.python, "-c", "import torch; print(torch.cuda.device_count())"], timeout_s)
+    if res.rc == 0 and res.out.strip().splitlines() and res.out.strip().splitlines()[-1].isdigit():
+        return int(res.out.strip().splitlines()[-1]), "torch.cuda"
+    return 0, "no nvidia-smi and torch.cuda unavailable"
+
+
+def check_gpus(count: int, source: str, expect: int | None) -> CheckResult:
+    name = "gpus"
+    if expect == 0:
+        return CheckResult(name, True, "not expected (RINGTRAIN_EXPECT_GPUS=0)", skipped=True)
+    need = 1 if expect is None else expect
+    ok = count >= need
+    return CheckResult(name, ok, f"{count} visible ({source}), need at least {need}")
+
+
+def check_efa(host: Host, settings: Settings) -> CheckResult:
+    name = "efa"
+    if settings.expect_efa == 0:
+        return CheckResult(name, True, "not expected (RINGTRAIN_EXPECT_EFA=0)", skipped=True)
+    devices = efa_devices(host.sysfs_infiniband)
+    if settings.expect_efa is None and not devices:
+        detail = f"no EFA devices in {host.sysfs_infiniband}; none expected"
+        return CheckResult(name, True, detail, skipped=True)
+    need = 1 if settings.expect_efa is None else settings.expect_efa
+    if len(devices) < need:
+        return CheckResult(name, False, f"{len(devices)} EFA devices in {host.sysfs_infiniband}, need {need}"
+                           " (does the pod request vpc.amazonaws.com/efa?)")
+    fi_info = host.which("fi_info")
+    if not fi_info:
+        return CheckResult(name, False, f"{len(devices)} EFA devices but fi_info is not installed")
+    res = host.run([fi_info, "-p", "efa", "-t", "FI_EP_RDM"], settings.timeout_s)
+    if res.rc != 0 or not fi_info_has_efa(res.out):
+        tail = res.out.strip()[-300:]
+        detail = f"{len(devices)} EFA devices but libfabric's efa provider is not usable: {tail}"
+        return CheckResult(name, False, detail)
+    listed = ", ".join(devices)
+    return CheckResult(name, True, f"{len(devices)} EFA devices ({listed}), libfabric efa provider ok")
+
+
+def parse_allreduce_ranks(text: str) -> set[int]:
+    return {int(m.group(1)) for m in re.finditer(ALLREDUCE_OK + r" rank=(\d+)", text)}
+
+
+def check_allreduce(host: Host, settings: Settings, device: str) -> CheckResult:
+    name = f"allreduce (2 ranks, {'NCCL on GPU' if device == 'cuda' else 'Gloo on CPU'})"
+    horovodrun = host.which("horovodrun")
+    if not horovodrun:
+        return CheckResult(name, False, "horovodrun is not installed (not on PATH)")
+    cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2",
+           host.python, str(Path(__file__).resolve()), "allreduce-worker", "--device", device]
+    res = host.run(cmd, settings.timeout_s)
+    ranks = parse_allreduce_ranks(res.out)
+    if res.rc == 0 and ranks == {0, 1}:
+        return CheckResult(name, True, "both ranks got the expected sum")
+    detail = f"exit {res.rc}, ranks ok: {sorted(ranks)}; output: {res.out.strip()[-500:]}"
+    return CheckResult(name, False, detail)
+
+
+def run_selftest(host: Host, settings: Settings, emit: Callable[[str], None] = print) -> bool:
+    results = []
+
+    def record(r: CheckResult) -> CheckResult:
+        emit(r.line())
+        results.append(r)
+        return r
+
+    build = record(check_horovod_build(host, settings))
+    gpu_count, source = visible_gpus(host, settings.timeout_s) if settings.expect_gpus != 0 else (0, "")
+    record(check_gpus(gpu_count, source, settings.expect_gpus))
+    record(check_efa(host, settings))
+    device = choose_allreduce_device(gpu_count)
+    if build.ok:
+        record(check_allreduce(host, settings, device))
+    else:
+        record(CheckResult("allreduce", False, "not run: Horovod's build check failed"))
+    ok = all(r.ok for r in results)
+    emit(f"selftest: {'passed' if ok else 'FAILED'} ({sum(r.ok for r in results)}/{len(results)} ok)")
+    return ok
+
+
+# --------------------------------------------------------------------------------------------------
+# Hand-over
+
+
+def handover_command(inv: Invocation, python: str = sys.executable, sshd: str = SSHD) -> list[str]:
+    if inv.mode == "train":
+        return [python, "-m", "train", *inv.args]
+    if inv.mode == "launcher":
+        return list(inv.args)
+    if inv.mode == "sshd":
+        # -D: stay in the foreground as the container's process; -e: log to stderr (kubectl logs).
+        return [sshd, "-D", "-e"]
+    raise ValueError(f"mode {inv.mode!r} hands over to nothing")
+
+
+def prepare_sshd(ssh_dir: Path, host_key_dir: Path, run_dir: Path, host: Host) -> list[str]:
+    """Check the mounted keys, make host keys and sshd's privilege-separation dir; returns what was done.
+
+    Raises UsageError when the worker could not be reached anyway (no authorized_keys).
+    """
+    done = []
+    auth = ssh_dir / "authorized_keys"
+    if not auth.is_file() or not auth.read_text().strip():
+        raise UsageError(
+            f"no authorized_keys in {ssh_dir}: the MPI Operator mounts the job's key pair there "
+            "(sshAuthMountPath); without it the launcher cannot reach this worker"
+        )
+    if not any(host_key_dir.glob("ssh_host_*_key")):
+        keygen = host.which("ssh-keygen")
+        if not keygen:
+            raise UsageError("ssh-keygen is not installed; cannot create sshd host keys")
+        res = host.run([keygen, "-A"], 60)
+        if res.rc != 0:
+            raise UsageError(f"ssh-keygen -A failed: {res.out.strip()}")
+        done.append("generated host keys")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return done
+
+
+def allreduce_worker(device: str) -> int:
+    """One rank of the self-test's allreduce: rank r contributes r+1; every rank must see the sum."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    if device == "cuda":
+        torch.cuda.set_device(hvd.local_rank())
+    t = torch.full((1024,), float(hvd.rank() + 1), device=device)
+    total = hvd.allreduce(t, op=hvd.Sum)
+    expected = hvd.size() * (hvd.size() + 1) / 2
+    if torch.allclose(total.cpu(), torch.full((1024,), expected)):
+        print(f"{ALLREDUCE_OK} rank={hvd.rank()} size={hvd.size()} device={device}", flush=True)
+        return EXIT_OK
+    print(f"allreduce mismatch on rank {hvd.rank()}: got {total[0].item()}, expected {expected}", flush=True)
+    return EXIT_SELFTEST_FAILED
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    env: MutableMapping[str, str] | None = None,
+    exec_fn: Callable[[list[str], Mapping[str, str]], None] | None = None,
+    host: Host | None = None,
+) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if env is None else env
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return EXIT_OK
+    try:
+        env_file = Path(env.get("RINGTRAIN_ENV_FILE", DEFAULT_ENV_FILE))
+        if env_file.is_file():
+            apply_env_defaults(env, parse_env_file(env_file.read_text(), str(env_file)))
+        inv = parse_invocation(argv, env)
+        if inv.mode == "allreduce-worker":
+            return allreduce_worker(inv.args[0])
+        settings = parse_settings(env)
+        host = host or Host(env=env)
+        if inv.mode == "sshd":
+            ssh_dir = Path(env.get("RINGTRAIN_SSH_DIR", str(DEFAULT_SSH_DIR)))
+            for note in prepare_sshd(ssh_dir, DEFAULT_HOST_KEY_DIR, SSHD_RUN_DIR, host):
+                print(f"entrypoint: {note}", flush=True)
+        if inv.selftest and not run_selftest(host, settings, emit=lambda s: print(s, flush=True)):
+            return EXIT_SELFTEST_FAILED
+        if inv.mode == "selftest":
+            return EXIT_OK
+        cmd = handover_command(inv, python=host.python)
+    except UsageError as e:
+        print(f"entrypoint: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    (exec_fn or _exec)(cmd, env)
+    return EXIT_OK  # only reached with a non-exec exec_fn (tests)
+
+
+def _exec(cmd: list[str], env: Mapping[str, str]) -> None:
+    try:
+        os.execvpe(cmd[0], cmd, dict(env))
+    except OSError as e:
+        print(f"entrypoint: error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
