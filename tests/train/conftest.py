@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -37,8 +38,9 @@ def horovodrun_cmd(np: int, *args: str, hosts: str | None = None) -> list[str]:
             sys.executable, "-m", "train", "--no-progress", *args]
 
 
-def run(cmd: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, env=env or worker_env(), capture_output=True, text=True, timeout=timeout)
+def run(cmd: list[str], timeout: float = 180, env: dict[str, str] | None = None):
+    return subprocess.run(cmd, cwd=REPO, env=env or worker_env(), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -58,7 +60,8 @@ def train_workers(proc: subprocess.Popen) -> list[psutil.Process]:
             cmd = c.cmdline()
         except psutil.NoSuchProcess:
             continue
-        if "-m" in cmd and "train" in cmd and not any("horovodrun" in part for part in cmd) and cmd[0] != "/bin/sh":
+        launcher = cmd[:1] == ["/bin/sh"] or any("horovodrun" in part for part in cmd)
+        if "-m" in cmd and "train" in cmd and not launcher:
             out.append(c)
     return out
 
@@ -78,10 +81,8 @@ def metrics_steps(path: Path) -> list[int]:
         return []
     steps = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(ValueError, KeyError):  # a line being written right now
             steps.append(json.loads(line)["step"])
-        except (ValueError, KeyError):
-            pass  # a line being written right now
     return steps
 
 

@@ -21,7 +21,8 @@ def test_defaults_parse():
 
 def test_flags_reach_the_config_tree():
     cfg = parse_args(["--model", "cnn", "--steps", "7", "--batch-size", "4", "--compression", "fp16",
-                      "--backward-passes-per-step", "2", "--fusion-threshold-mb", "16", "--cycle-time-ms", "2.5",
+                      "--backward-passes-per-step", "2", "--fusion-threshold-mb", "16",
+                      "--cycle-time-ms", "2.5",
                       "--checkpoint-dir", "s3://b/ck", "--checkpoint-every", "5", "--keep-checkpoints", "2",
                       "--precision", "bf16", "--clip-grad-norm", "1.0", "--elastic", "--log-every", "3"])
     assert (cfg.model.name, cfg.steps, cfg.data.batch_size) == ("cnn", 7, 4)
@@ -40,7 +41,7 @@ def test_endpoint_defaults_to_aws_endpoint_url(monkeypatch):
     (["--steps", "0"], "--steps 0: must be >= 1"),
     (["--batch-size", "-1"], "--batch-size -1"),
     (["--model", "resnet"], "invalid choice: 'resnet'"),
-    (["--data", "http://x/y"], "--data 'http://x/y': use 'synthetic', s3://bucket/prefix or a local directory"),
+    (["--data", "http://x/y"], "--data 'http://x/y': use 'synthetic', s3://bucket/prefix or a local"),
     (["--checkpoint-dir", "gs://b/x"], "--checkpoint-dir 'gs://b/x'"),
     (["--keep-checkpoints", "0"], "--keep-checkpoints 0: must be >= 1"),
     (["--adasum", "--compression", "fp16"], "--adasum with --compression fp16"),
