@@ -1,0 +1,369 @@
+"""The one flow every backend runs.
+
+    up -> storage -> dataset -> submit -> follow -> (resume) -> summary -> down
+
+    result = run_job(backend, job, FlowOptions(...))
+
+A job that ends with exit code 75 (interrupted by SIGTERM after a checkpoint: a spot reclaim) is
+submitted again and the trainer resumes from its latest checkpoint, up to `max_resubmits` times.
+Teardown (`backend.down()`) always runs, on errors and on Ctrl-C / SIGTERM too, unless the caller
+asked to keep the cluster up.
+
+Fault injection (`reclaim_at_step`) needs a backend with `reclaim(host)` / `restore(host)` and
+`progress(handle)`; the local backend has them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
+from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """The generated dataset written into the datasets bucket if it is not there yet."""
+
+    shards: int = 4
+    samples_per_shard: int = 1024
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    max_resubmits: int = 3
+    reclaim_at_step: int | None = None     # fault injection: reclaim a host once this step is reached
+    reclaim_host: str | None = None        # default: the last live host
+    restore_after_s: float | None = None   # bring it back this long after the reclaim (None: before resubmit)
+    keep_up: bool = False
+    progress_bar: bool = True
+    echo_logs: bool = False                # every line of the job's output, not only the trainer's messages
+    job_timeout_s: float = 1800.0
+    poll_s: float = 0.25
+
+
+@dataclass
+class Attempt:
+    exit_code: int | None
+    summary: dict[str, Any]
+    hosts: list[str]
+    message: str = ""
+
+
+@dataclass
+class FlowResult:
+    job: str
+    succeeded: bool
+    exit_code: int | None
+    attempts: list[Attempt]
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    reclaimed: list[str]
+    storage: Storage | None
+    message: str = ""
+
+    @property
+    def resumed(self) -> bool:
+        return any(a.summary.get("resumed_from_step") is not None for a in self.attempts[1:])
+
+
+class FlowInterrupted(Exception):
+    """Ctrl-C or SIGTERM while the flow ran; teardown has run."""
+
+
+def trainer_args_for(job: JobSpec, storage: Storage) -> tuple[str, ...]:
+    """The job's trainer arguments plus where its data and checkpoints live (pure)."""
+    args = list(job.trainer_args)
+    present = set(args)
+    if "--data" not in present:
+        args += ["--data", storage.dataset_uri]
+    if "--checkpoint-dir" not in present:
+        args += ["--checkpoint-dir", storage.checkpoint_uri]
+    if storage.endpoint_url and "--s3-endpoint-url" not in present:
+        args += ["--s3-endpoint-url", storage.endpoint_url]
+    if job.elastic and "--elastic" not in present:
+        args.append("--elastic")
+    # The flow draws its own progress bar from the metrics; a tqdm bar per attempt would garble the log.
+    if "--no-progress" not in present:
+        args.append("--no-progress")
+    return tuple(args)
+
+
+def is_trainer_message(line: str) -> bool:
+    """Lines worth showing without --verbose: the trainer's own messages and errors (pure)."""
+    low = line.lower()
+    return any(k in low for k in ("train: ", "ringtrain:", "error", "ringtrain_summary"))
+
+
+def format_summary(result: FlowResult) -> str:
+    """The human summary printed at the end of a run (pure)."""
+    s = result.summary
+    lines = [f"job {result.job}: {'done' if result.succeeded else 'FAILED'} "
+             f"(exit code {result.exit_code}, {len(result.attempts)} attempt(s))"]
+    written = sum(a.summary.get("checkpoints_written", 0) or 0 for a in result.attempts)
+    if s:
+        first = result.attempts[0].summary.get("initial_loss") if result.attempts else None
+        first_loss = format(first, ".4f") if isinstance(first, int | float) else "n/a"
+
+        def num(key: str, fmt: str) -> str:
+            v = s.get(key)
+            return format(v, fmt) if isinstance(v, int | float) else "n/a"
+
+        lines += [
+            f"  steps              {s.get('steps', 'n/a')}",
+            f"  loss               {first_loss} -> {num('final_loss', '.4f')}",
+            f"  samples/s          {num('samples_per_sec', '.1f')} "
+            f"(last attempt, {s.get('world_size', '?')} workers)",
+            f"  checkpoints        {written} written",
+        ]
+    for i, a in enumerate(result.attempts, 1):
+        where = a.summary.get("resumed_from_step")
+        start = f"resumed from step {where}" if where is not None else "from scratch"
+        end = ("interrupted (resumable)" if a.exit_code == EXIT_INTERRUPTED_RESUMABLE
+               else f"exit {a.exit_code}")
+        lines.append(f"  attempt {i}: {start}, reached step {a.summary.get('steps', '?')}, {end}, "
+                     f"hosts {', '.join(a.hosts) or '?'}"
+                     + (f", elastic resets {a.summary['elastic_resets']}"
+                        if a.summary.get("elastic_resets") else ""))
+    if result.reclaimed:
+        lines.append(f"  reclaimed          {', '.join(result.reclaimed)}")
+    if result.message:
+        lines.append(f"  {result.message}")
+    return "\n".join(lines)
+
+
+def ensure_dataset(storage: Storage, spec: DatasetSpec, out: Callable[[str], None] = print,
+                   timeout_s: float = 600) -> bool:
+    """Write the generated dataset to storage.dataset_uri unless its index is there. True if written."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, _, prefix = storage.dataset_uri.removeprefix("s3://").partition("/")
+    env = storage.env
+    client = boto3.client(
+        "s3", endpoint_url=storage.endpoint_url,
+        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+        region_name=env.get("AWS_DEFAULT_REGION"),
+    )
+    try:
+        client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/index.json")
+        out(f"dataset {storage.dataset_uri} is there")
+        return False
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            raise BackendError(f"cannot read {storage.dataset_uri}: {e}") from e
+    except BotoCoreError as e:
+        raise BackendError(f"cannot reach the object store at {storage.endpoint_url}: {e}") from e
+    out(f"writing dataset {storage.dataset_uri} ({spec.shards} shards x {spec.samples_per_shard} samples)")
+    cmd = [sys.executable, "-m", "train.data", "generate", "--out", storage.dataset_uri,
+           "--shards", str(spec.shards), "--samples-per-shard", str(spec.samples_per_shard),
+           "--seed", str(spec.seed)]
+    import os
+
+    env_all = {**os.environ, **env}
+    if storage.endpoint_url:
+        env_all["AWS_ENDPOINT_URL"] = storage.endpoint_url
+    try:
+        done = subprocess.run(cmd, cwd=REPO_ROOT, env=env_all, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"dataset generation did not finish within {timeout_s:g}s") from None
+    if done.returncode != 0:
+        raise BackendError(f"dataset generation failed (exit {done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[-500:]}")
+    return True
+
+
+@contextlib.contextmanager
+def _signals_raise_interrupt():
+    """SIGTERM behaves like Ctrl-C so `finally` blocks (teardown) run for both."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old_term = signal.signal(signal.SIGTERM, handler)
+    old_int = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
+
+
+class _Follower:
+    """Follows one attempt: echoes log lines, draws progress, fires the planned reclaim."""
+
+    def __init__(self, backend: Backend, handle: JobHandle, job: JobSpec, opts: FlowOptions,
+                 out: Callable[[str], None], reclaim: Callable[[], None] | None):
+        self.backend, self.handle, self.job, self.opts, self.out = backend, handle, job, opts, out
+        self.reclaim = reclaim
+        self.bar = None
+        self._done = threading.Event()
+        self._log_thread = threading.Thread(target=self._echo, daemon=True)
+
+    def _write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            self.out(text)
+
+    def _echo(self) -> None:
+        try:
+            for line in self.backend.logs(self.handle):
+                if self.opts.echo_logs or is_trainer_message(line):
+                    self._write(f"  | {line}")
+        finally:
+            self._done.set()
+
+    def run(self, total_steps: int | None) -> None:
+        progress = getattr(self.backend, "progress", None)
+        if self.opts.progress_bar and progress is not None and total_steps:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, unit="step", desc=self.job.name, dynamic_ncols=True,
+                            file=sys.stderr, mininterval=0.5)
+        self._log_thread.start()
+        deadline = time.monotonic() + self.opts.job_timeout_s
+        try:
+            while not self._done.wait(self.opts.poll_s):
+                if time.monotonic() > deadline:
+                    raise BackendError(
+                        f"job {self.job.name} did not finish within {self.opts.job_timeout_s:g}s")
+                rec = progress(self.handle) if progress is not None else None
+                if rec is None:
+                    continue
+                step = int(rec.get("step", 0))
+                if self.bar is not None:
+                    self.bar.n = step
+                    self.bar.set_postfix(loss=f"{rec.get('loss', float('nan')):.4f}",
+                                         workers=rec.get("world_size", "?"), refresh=False)
+                    self.bar.refresh()
+                if self.reclaim is not None and self.opts.reclaim_at_step is not None \
+                        and step >= self.opts.reclaim_at_step:
+                    fire, self.reclaim = self.reclaim, None
+                    threading.Thread(target=fire, name="reclaim", daemon=True).start()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+
+def _steps_of(job: JobSpec) -> int | None:
+    args = list(job.trainer_args)
+    if "--steps" in args:
+        i = args.index("--steps")
+        if i + 1 < len(args) and args[i + 1].isdigit():
+            return int(args[i + 1])
+    return None
+
+
+def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
+            out: Callable[[str], None] = print) -> FlowResult:
+    """Run `job` on `backend` from stand-up to teardown; see the module docstring."""
+    opts = opts or FlowOptions()
+    injects = opts.reclaim_at_step is not None
+    fault_api = ("reclaim", "restore", "progress", "live_host_names")
+    if injects and not all(hasattr(backend, a) for a in fault_api):
+        raise BackendError(f"the {backend.name} backend cannot inject faults (reclaim/restore); "
+                           "drop the reclaim option")
+    attempts: list[Attempt] = []
+    reclaimed: list[str] = []
+    storage: Storage | None = None
+    last: JobResult | None = None
+    restore_threads: list[threading.Thread] = []
+    with _signals_raise_interrupt():
+        try:
+            backend.up()
+            storage = backend.storage(job.name)
+            ensure_dataset(storage, opts.dataset, out=out)
+            job = dataclasses.replace(job, trainer_args=trainer_args_for(job, storage),
+                                      env={**storage.env, **job.env})
+            total = _steps_of(job)
+
+            def do_reclaim() -> None:
+                live = backend.live_host_names()  # type: ignore[attr-defined]
+                host = opts.reclaim_host or (live[-1] if live else None)
+                if host is None:
+                    return
+                out(f"fault injection: reclaiming {host} (spot-style: SIGTERM, then the host goes away)")
+                try:
+                    backend.reclaim(host)  # type: ignore[attr-defined]
+                except BackendError as e:
+                    out(f"fault injection failed: {e}")
+                    return
+                reclaimed.append(host)
+                if opts.restore_after_s is not None:
+                    def later() -> None:
+                        time.sleep(opts.restore_after_s)
+                        with contextlib.suppress(BackendError):
+                            backend.restore(host)  # type: ignore[attr-defined]
+                    t = threading.Thread(target=later, name="restore", daemon=True)
+                    restore_threads.append(t)
+                    t.start()
+
+            for attempt_no in range(1, opts.max_resubmits + 2):
+                handle = backend.submit(job)
+                hosts = list(handle.details.get("hosts", []))
+                out(f"attempt {attempt_no}: submitted {job.name} on {', '.join(hosts) or backend.name}")
+                follower = _Follower(backend, handle, job, opts, out,
+                                     do_reclaim if injects and not reclaimed else None)
+                follower.run(total)
+                last = backend.wait(handle, timeout_s=opts.job_timeout_s)
+                attempts.append(Attempt(last.exit_code, last.summary, hosts, last.message))
+                if last.exit_code != EXIT_INTERRUPTED_RESUMABLE:
+                    break
+                for t in restore_threads:
+                    t.join(timeout=(opts.restore_after_s or 0) + 60)
+                if attempt_no > opts.max_resubmits:
+                    break
+                # A spot node group replaces a reclaimed node; here the reclaimed host comes back.
+                for host in reclaimed:
+                    if host not in backend.live_host_names():  # type: ignore[attr-defined]
+                        backend.restore(host)  # type: ignore[attr-defined]
+                out(f"attempt {attempt_no} was interrupted after a checkpoint: resubmitting to resume")
+            assert last is not None
+            message = last.message if not last.succeeded else ""
+            if last.exit_code == EXIT_BAD_INPUT:
+                message = f"bad input: {last.message}"
+            return FlowResult(job=job.name, succeeded=last.succeeded, exit_code=last.exit_code,
+                              attempts=attempts, summary=last.summary, metrics=last.metrics,
+                              reclaimed=reclaimed, storage=storage, message=message)
+        except KeyboardInterrupt:
+            raise FlowInterrupted("interrupted: tearing down") from None
+        finally:
+            if not opts.keep_up:
+                with _ignore_interrupts():
+                    backend.down()
+
+
+@contextlib.contextmanager
+def _ignore_interrupts():
+    """Teardown must finish: a second Ctrl-C during it is ignored (it is bounded by timeouts)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)

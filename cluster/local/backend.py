@@ -1,0 +1,343 @@
+"""The local backend: a real cluster on this machine.
+
+    up()      worker hosts (network namespaces reached over ssh, or localhost processes without
+              root), an S3-compatible store (moto server) on the address the hosts reach, and the
+              same two buckets the AWS stack creates: <prefix>-datasets, <prefix>-checkpoints
+    submit()  runs `cluster.launch.horovodrun_command(job)` (what the MPIJob launcher runs) from
+              the root namespace; horovodrun reaches the hosts by ssh
+    reclaim() / restore()   spot-style fault injection on one host
+    down()    stops every process it started, removes namespaces, bridge, store and temp dir
+
+Everything lives under one temporary directory, removed by down().
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
+from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.launch import horovodrun_command
+from cluster.local import procs
+from cluster.local.hosts import HostError, LocalHosts
+from cluster.local.network import NetworkSetupError
+from cluster.local.objectstore import ObjectStore
+from cluster.local.ssh import SshSetupError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
+# horovodrun's line when a worker ends non-zero (gloo_run.py): "Process 1 exit with status code 75."
+_WORKER_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
+# Seconds horovodrun may take to ssh into every host and start the workers (default 30 is tight on
+# a busy 2-core machine, where each worker imports torch).
+START_TIMEOUT_S = 120
+# Elastic: a host that failed is blacklisted; let a restored host rejoin after this many seconds.
+BLACKLIST_COOLDOWN_S = (2, 5)
+
+
+def bucket_names(prefix: str) -> tuple[str, str]:
+    """The stack's buckets: datasets and checkpoints (same names locally and on AWS)."""
+    return f"{prefix}-datasets", f"{prefix}-checkpoints"
+
+
+def storage_for(prefix: str, job_name: str, dataset: str, endpoint_url: str | None,
+                env: dict[str, str]) -> Storage:
+    datasets, checkpoints = bucket_names(prefix)
+    return Storage(dataset_uri=f"s3://{datasets}/datasets/{dataset}",
+                   checkpoint_uri=f"s3://{checkpoints}/checkpoints/{job_name}",
+                   endpoint_url=endpoint_url, env=dict(env))
+
+
+def parse_summary(lines: list[str]) -> dict:
+    """The trainer's last RINGTRAIN_SUMMARY record in the output, or {} (pure)."""
+    for line in reversed(lines):
+        if SUMMARY_PREFIX in line:
+            try:
+                return json.loads(line.split(SUMMARY_PREFIX, 1)[1])
+            except json.JSONDecodeError:
+                continue
+    return {}
+
+
+def worker_exit_codes(lines: list[str]) -> dict[int, int]:
+    codes = {}
+    for line in lines:
+        m = _WORKER_EXIT.match(line.strip())
+        if m:
+            codes[int(m.group(1))] = int(m.group(2))
+    return codes
+
+
+def job_exit_code(launcher_rc: int, worker_codes: dict[int, int], summary: dict) -> int:
+    """The job's exit code as the trainer meant it (pure).
+
+    horovodrun itself exits 1 whenever a worker exits non-zero, so the trainer's own code is read
+    from its summary (interrupted -> 75) and from horovodrun's per-worker exit lines.
+    """
+    if summary.get("interrupted"):
+        return EXIT_INTERRUPTED_RESUMABLE
+    if launcher_rc == 0:
+        return 0
+    failing = [c for c in worker_codes.values() if c != 0]
+    if failing and all(c == EXIT_INTERRUPTED_RESUMABLE for c in failing):
+        return EXIT_INTERRUPTED_RESUMABLE
+    # The first code that is not a kill signal (143/137/255 come from the teardown of the others).
+    for code in failing:
+        if code not in (143, 137, 255, -15, -9):
+            return code
+    return launcher_rc if launcher_rc else 1
+
+
+@dataclasses.dataclass
+class _RunningJob:
+    proc: subprocess.Popen
+    lines: list[str]
+    queue: queue.Queue
+    reader: threading.Thread
+    metrics_file: Path
+    log_file: Path
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, num_hosts: int = 2, *, slots_per_host: int = 1, isolated: bool | None = None,
+                 prefix: str = "ringtrain-local", dataset: str = "demo", reclaim_grace_s: float = 10.0,
+                 log: Callable[[str], None] = print):
+        self.prefix = prefix
+        self.dataset = dataset
+        self.reclaim_grace_s = reclaim_grace_s
+        self.log = log
+        self._num_hosts = num_hosts
+        self._slots = slots_per_host
+        self._isolated = isolated
+        self.workdir: Path | None = None
+        self.hosts: LocalHosts | None = None
+        self.store: ObjectStore | None = None
+        self._jobs: dict[str, _RunningJob] = {}
+        self._submissions = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def up(self) -> None:
+        if self.hosts is not None:
+            return
+        self.workdir = Path(tempfile.mkdtemp(prefix="ringtrain-local-"))
+        try:
+            self.hosts = LocalHosts(num_hosts=self._num_hosts, workdir=self.workdir / "cluster",
+                                    slots_per_host=self._slots, isolated=self._isolated, log=self.log)
+            self.hosts.up()
+            if not self.hosts.isolated:
+                self.log(f"local backend: no network namespaces ({self.hosts.fallback_reason}); "
+                         "falling back to worker hosts as processes on localhost")
+            self.store = ObjectStore(host=self.hosts.driver_address).start()
+            client = self.store.client()
+            for bucket in bucket_names(self.prefix):
+                client.create_bucket(Bucket=bucket)
+        except (HostError, NetworkSetupError, SshSetupError, RuntimeError, OSError) as e:
+            self.down()
+            raise BackendError(f"local cluster did not come up: {e}") from e
+        except BaseException:
+            self.down()
+            raise
+        self.log(f"local cluster up: {self.hosts.describe()}; object store {self.store.endpoint_url}")
+
+    def down(self) -> None:
+        errors = []
+        for name in list(self._jobs):
+            job = self._jobs.pop(name)
+            procs.stop_popen_tree(job.proc)
+            job.reader.join(timeout=10)
+        if self.hosts is not None:
+            try:
+                self.hosts.down()
+            except Exception as e:
+                errors.append(str(e))
+            self.hosts = None
+        if self.store is not None:
+            self.store.stop()
+            self.store = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        if errors:
+            raise BackendError("; ".join(errors))
+
+    # ------------------------------------------------------------------ storage
+    def storage(self, job_name: str) -> Storage:
+        store = self._store()
+        return storage_for(self.prefix, job_name, self.dataset, store.endpoint_url, store.env())
+
+    # ------------------------------------------------------------------ jobs
+    def submit(self, job: JobSpec) -> JobHandle:
+        hosts, store = self._hosts(), self._store()
+        live = hosts.live()
+        if not live:
+            raise BackendError("no live hosts to run on (all reclaimed); restore one first")
+        if job.name in self._jobs and self._jobs[job.name].proc.poll() is None:
+            raise BackendError(f"job {job.name!r} is still running")
+        if not job.elastic and len(live) < job.num_hosts:
+            self.log(f"only {len(live)} of {job.num_hosts} hosts are up: running {job.name} on {len(live)}")
+            job = dataclasses.replace(job, num_hosts=len(live), min_hosts=None)
+        self._submissions += 1
+        jobdir = self._workdir() / "jobs" / f"{job.name}-{self._submissions}"
+        jobdir.mkdir(parents=True)
+        trainer_args = list(job.trainer_args)
+        metrics_file = jobdir / "metrics.jsonl"
+        if "--metrics-file" not in trainer_args:
+            trainer_args += ["--metrics-file", str(metrics_file)]
+        job = dataclasses.replace(job, trainer_args=tuple(trainer_args))
+        extra = [*hosts.horovodrun_args(), "--start-timeout", str(START_TIMEOUT_S)]
+        if job.elastic:
+            extra += ["--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_S),
+                      "--elastic-timeout", str(START_TIMEOUT_S)]
+        cmd = horovodrun_command(
+            job,
+            hosts=[f"{h.address}:{h.slots}" for h in live[: job.num_hosts]],
+            discovery_script=str(hosts.discovery_script_path),
+            python=sys.executable,
+            extra_horovodrun_args=extra,
+        )
+        cmd[0] = str(Path(sys.executable).with_name("horovodrun"))
+        env = {**os.environ, **store.env(), **job.env, **hosts.launcher_env(), "PYTHONUNBUFFERED": "1"}
+        log_file = jobdir / "output.log"
+        (jobdir / "command.json").write_text(json.dumps(cmd))
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
+                                start_new_session=True)
+        lines: list[str] = []
+        q: queue.Queue = queue.Queue()
+
+        def read() -> None:
+            with open(log_file, "w") as f:
+                for line in proc.stdout:
+                    line = line.rstrip("\n")
+                    lines.append(line)
+                    f.write(line + "\n")
+                    f.flush()
+                    q.put(line)
+            q.put(None)
+
+        reader = threading.Thread(target=read, name=f"logs-{job.name}", daemon=True)
+        reader.start()
+        self._jobs[job.name] = _RunningJob(proc, lines, q, reader, metrics_file, log_file)
+        return JobHandle(name=job.name, backend=self.name,
+                         details={"command": cmd, "log_file": str(log_file),
+                                  "metrics_file": str(metrics_file), "elastic": job.elastic,
+                                  "hosts": [h.name for h in live[: job.num_hosts]]})
+
+    def logs(self, handle: JobHandle) -> Iterator[str]:
+        job = self._job(handle)
+        while True:
+            line = job.queue.get()
+            if line is None:
+                job.queue.put(None)  # a second reader ends too
+                return
+            yield line
+
+    def progress(self, handle: JobHandle) -> dict | None:
+        """The trainer's latest metrics record (step, loss, samples_per_sec, world_size), if any."""
+        records = _read_metrics(self._job(handle).metrics_file, last_only=True)
+        return records[-1] if records else None
+
+    def wait(self, handle: JobHandle, timeout_s: float | None = None) -> JobResult:
+        job = self._job(handle)
+        try:
+            rc = job.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"job {handle.name} still running after {timeout_s:g}s") from None
+        job.reader.join(timeout=30)
+        summary = parse_summary(job.lines)
+        code = job_exit_code(rc, worker_exit_codes(job.lines), summary)
+        message = "" if code == 0 else _failure_message(code, job.lines)
+        return JobResult(name=handle.name, succeeded=code == 0, exit_code=code, summary=summary,
+                         metrics=_read_metrics(job.metrics_file), message=message)
+
+    def cancel(self, handle: JobHandle) -> None:
+        procs.stop_popen_tree(self._job(handle).proc)
+
+    # ------------------------------------------------------------------ fault injection
+    def host_names(self) -> list[str]:
+        return [h.name for h in self._hosts().hosts]
+
+    def live_host_names(self) -> list[str]:
+        return [h.name for h in self._hosts().live()]
+
+    def reclaim(self, host: str, grace_s: float | None = None) -> None:
+        try:
+            self._hosts().reclaim(host, self.reclaim_grace_s if grace_s is None else grace_s)
+        except HostError as e:
+            raise BackendError(str(e)) from e
+
+    def restore(self, host: str) -> None:
+        try:
+            self._hosts().restore(host)
+        except (HostError, NetworkSetupError) as e:
+            raise BackendError(f"could not restore {host}: {e}") from e
+
+    def describe(self) -> str:
+        hosts, store = self._hosts(), self._store()
+        lines = [f"hosts: {hosts.describe()}"]
+        for h in hosts.hosts:
+            state = "up" if h.live else "reclaimed"
+            lines.append(f"  {h.name}  {h.address}  {state}  ssh: {' '.join(hosts.ssh_command(h.name))}")
+        lines.append(f"object store: {store.endpoint_url}  buckets: {', '.join(bucket_names(self.prefix))}")
+        lines.append(f"discovery script: {hosts.discovery_script_path}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ internals
+    def _hosts(self) -> LocalHosts:
+        if self.hosts is None:
+            raise BackendError("the local cluster is not up (call up() first)")
+        return self.hosts
+
+    def _store(self) -> ObjectStore:
+        if self.store is None:
+            raise BackendError("the local cluster is not up (call up() first)")
+        return self.store
+
+    def _workdir(self) -> Path:
+        if self.workdir is None:
+            raise BackendError("the local cluster is not up (call up() first)")
+        return self.workdir
+
+    def _job(self, handle: JobHandle) -> _RunningJob:
+        try:
+            return self._jobs[handle.name]
+        except KeyError:
+            raise BackendError(f"no job {handle.name!r} on this local cluster") from None
+
+
+def _read_metrics(path: Path, last_only: bool = False) -> list[dict]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if last_only:
+        lines = lines[-2:]  # the very last one may be half-written
+    records = []
+    for ln in lines:
+        try:
+            records.append(json.loads(ln))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _failure_message(code: int, lines: list[str]) -> str:
+    if code == EXIT_INTERRUPTED_RESUMABLE:
+        return "interrupted after a checkpoint (resumable)"
+    errors = [ln for ln in lines if "error" in ln.lower() and "Traceback" not in ln]
+    tail = errors[-3:] if errors else lines[-5:]
+    return f"exit code {code}: " + " | ".join(t.strip() for t in tail)

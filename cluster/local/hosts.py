@@ -1,0 +1,299 @@
+"""The local worker hosts: each one a network host with its own sshd, listed by a discovery script.
+
+    with LocalHosts(num_hosts=2, workdir=tmp) as hosts:
+        hosts.live()                      # hosts that are up now
+        hosts.reclaim("host-1", grace_s)  # spot reclaim: SIGTERM its workers, then the host goes away
+        hosts.restore("host-1")           # a replacement node with the same name and address
+
+The discovery script follows the MPI Operator's `/etc/mpi/discover_hosts.sh` contract: it prints
+one `address:slots` line per live host, so horovodrun's elastic driver sees hosts leave and return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from cluster.local import network, procs, ssh
+from cluster.local.network import HostPlan, NetworkPlan
+
+
+class HostError(RuntimeError):
+    """A worker host could not be started, found, reclaimed or restored."""
+
+
+def discovery_lines(addresses_and_slots: list[tuple[str, int]]) -> str:
+    """The discovery script's output: one `host:slots` per live host (pure)."""
+    return "".join(f"{addr}:{slots}\n" for addr, slots in addresses_and_slots)
+
+
+def discovery_script(hosts_file: Path) -> str:
+    # The file is replaced atomically (rename), so the script never prints a half-written list.
+    return f"#!/bin/sh\nexec cat {hosts_file}\n"
+
+
+def pick_port(addresses: list[str], start: int = 20000, end: int = 60000, tries: int = 50) -> int:
+    """A TCP port free on every given address (the same sshd port on all hosts, as on a cluster)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(tries):
+        port = rng.randrange(start, end)
+        if all(_port_free(a, port) for a in addresses):
+            return port
+    raise HostError(f"no TCP port free on all of {addresses} after {tries} tries")
+
+
+def _port_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class Host:
+    plan: HostPlan
+    slots: int
+    sshd: subprocess.Popen | None = None
+    live: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def address(self) -> str:
+        return self.plan.address
+
+
+@dataclass
+class LocalHosts:
+    """N worker hosts on this machine; `isolated=None` picks namespaces when possible."""
+
+    num_hosts: int
+    workdir: Path
+    slots_per_host: int = 1
+    isolated: bool | None = None
+    log: Callable[[str], None] = print
+    startup_timeout_s: float = 30.0
+    plan: NetworkPlan | None = None
+    fallback_reason: str = ""
+    keys: ssh.SshKeys | None = None
+    hosts: list[Host] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---------------------------------------------------------------- lifecycle
+    def up(self) -> LocalHosts:
+        if self.plan is not None:
+            return self
+        if not 1 <= self.num_hosts <= 200:
+            raise HostError(f"num_hosts={self.num_hosts}: must be between 1 and 200")
+        ssh.check_ssh_tools()
+        if self.isolated is None:
+            self.isolated, self.fallback_reason = network.namespaces_available()
+        elif self.isolated:
+            ok, why = network.namespaces_available()
+            if not ok:
+                raise HostError(f"isolated hosts need network namespaces: {why}")
+        try:
+            self.plan = (network.claim_subnet(self.num_hosts) if self.isolated
+                         else network.loopback_plan(self.num_hosts))
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            port = 22 if self.isolated else pick_port([h.address for h in self.plan.hosts])
+            self.keys = ssh.create_keys(self.workdir / "ssh", port)
+            self.hosts = [Host(plan=h, slots=self.slots_per_host) for h in self.plan.hosts]
+            self._write_discovery()
+            for host in self.hosts:
+                self._start_host(host)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Stop every host and remove namespaces, veths and the bridge. Safe to call twice."""
+        errors = []
+        for host in self.hosts:
+            try:
+                self._stop_host(host)
+            except Exception as e:  # keep tearing down the rest
+                errors.append(f"{host.name}: {e}")
+        if self.plan is not None and self.plan.isolated:
+            try:
+                network.delete_bridge(self.plan)
+            except Exception as e:
+                errors.append(f"bridge {self.plan.bridge}: {e}")
+        if errors:
+            raise HostError("teardown incomplete: " + "; ".join(errors))
+
+    def __enter__(self) -> LocalHosts:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def iface(self) -> str:
+        return self._plan().iface
+
+    @property
+    def driver_address(self) -> str:
+        return self._plan().driver_address
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.workdir / "live_hosts"
+
+    @property
+    def discovery_script_path(self) -> Path:
+        return self.workdir / "discover_hosts.sh"
+
+    def live(self) -> list[Host]:
+        return [h for h in self.hosts if h.live]
+
+    def get(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name or h.address == name:
+                return h
+        raise HostError(f"no host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def describe(self) -> str:
+        if self.isolated:
+            kind = f"network namespaces on bridge {self.iface} ({self._plan().cidr})"
+        else:
+            kind = f"processes on localhost (loopback addresses; {self.fallback_reason or 'requested'})"
+        return f"{len(self.hosts)} hosts as {kind}"
+
+    def horovodrun_args(self) -> list[str]:
+        """What horovodrun needs to reach these hosts: NIC, ssh port and key, no ~/.horovod cache."""
+        keys = self._keys()
+        return ["--network-interface", self.iface, "--ssh-port", str(keys.port),
+                "--ssh-identity-file", str(keys.client_key), "--disable-cache"]
+
+    def launcher_env(self) -> dict[str, str]:
+        """Put the `ssh` wrapper (cluster key, no known_hosts) first on horovodrun's PATH."""
+        return {"PATH": f"{self._keys().bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def ssh_command(self, host: str) -> list[str]:
+        h = self.get(host)
+        return [str(self._keys().bin_dir / "ssh"), h.address]
+
+    def host_processes(self, host: Host) -> list[psutil.Process]:
+        """Everything running on a host: its sshd, its sessions, the workers under them."""
+        found: dict[int, psutil.Process] = {}
+        if host.sshd is not None and host.sshd.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                found[host.sshd.pid] = psutil.Process(host.sshd.pid)
+            for p in procs.descendants(host.sshd.pid):
+                found[p.pid] = p
+        if host.plan.netns and network.netns_exists(host.plan.netns):
+            for pid in network.netns_pids(host.plan.netns):
+                with contextlib.suppress(psutil.Error):
+                    found.setdefault(pid, psutil.Process(pid))
+        return list(found.values())
+
+    def workers_on(self, host: Host) -> list[psutil.Process]:
+        return procs.worker_processes(self.host_processes(host))
+
+    # ---------------------------------------------------------------- fault injection
+    def reclaim(self, name: str, grace_s: float = 10.0) -> None:
+        """Spot reclaim: SIGTERM the host's workers, wait up to `grace_s`, then the host goes away."""
+        host = self.get(name)
+        if not host.live:
+            raise HostError(f"{host.name} is not up")
+        with self._lock:
+            host.live = False
+            self._write_discovery()   # the node leaves the cluster's host list at once
+        workers = self.workers_on(host)
+        self.log(f"reclaim {host.name} ({host.address}): SIGTERM to {len(workers)} worker process(es), "
+                 f"host goes away in at most {grace_s:g}s")
+        procs.signal_all(workers, 15)
+        psutil.wait_procs(workers, timeout=grace_s)
+        self._stop_host(host)
+        self.log(f"reclaim {host.name}: host is gone")
+
+    def restore(self, name: str) -> None:
+        """Bring a reclaimed host back (a replacement node: same name, address and keys)."""
+        host = self.get(name)
+        if host.live:
+            return
+        self._start_host(host)
+        self.log(f"restore {host.name} ({host.address}): host is back")
+
+    # ---------------------------------------------------------------- internals
+    def _plan(self) -> NetworkPlan:
+        if self.plan is None:
+            raise HostError("hosts are not up")
+        return self.plan
+
+    def _keys(self) -> ssh.SshKeys:
+        if self.keys is None:
+            raise HostError("hosts are not up")
+        return self.keys
+
+    def _write_discovery(self) -> None:
+        tmp = self.hosts_file.with_suffix(".tmp")
+        tmp.write_text(discovery_lines([(h.address, h.slots) for h in self.hosts if h.live]))
+        os.replace(tmp, self.hosts_file)
+        if not self.discovery_script_path.exists():
+            self.discovery_script_path.write_text(discovery_script(self.hosts_file))
+            self.discovery_script_path.chmod(0o755)
+
+    def _start_host(self, host: Host) -> None:
+        plan, keys = self._plan(), self._keys()
+        if plan.isolated:
+            network.create_host_netns(plan, host.plan)
+        config = ssh.write_sshd_config(keys, host.name, host.address)
+        log_path = self.workdir / f"sshd.{host.name}.log"
+        with open(log_path, "ab") as log_file:
+            host.sshd = subprocess.Popen(
+                network.in_netns(host.plan, ssh.sshd_command(config)),
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+            )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            if host.sshd.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-500:]
+                raise HostError(f"sshd for {host.name} on {host.address}:{keys.port} exited "
+                                f"(code {host.sshd.returncode}): {tail.strip()}")
+            try:
+                with socket.create_connection((host.address, keys.port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise HostError(f"sshd for {host.name} did not answer on {host.address}:{keys.port} "
+                                    f"within {self.startup_timeout_s:g}s") from None
+                time.sleep(0.1)
+        with self._lock:
+            host.live = True
+            self._write_discovery()
+
+    def _stop_host(self, host: Host) -> None:
+        with self._lock:
+            if host.live:
+                host.live = False
+                if self.plan is not None:
+                    self._write_discovery()
+        procs.stop_processes(self.host_processes(host), grace_s=3)
+        if host.sshd is not None:
+            try:
+                host.sshd.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                host.sshd.kill()
+                host.sshd.wait(timeout=5)
+            host.sshd = None
+        if host.plan.netns:
+            network.delete_host_netns(host.plan)

@@ -1,0 +1,243 @@
+"""Addresses and Linux network namespaces for the local worker hosts.
+
+As root every worker host is its own network namespace, joined by a veth pair to a bridge in the
+root namespace: hosts get distinct addresses, reach each other and the root namespace (where
+horovodrun's driver and the object store listen on the bridge address) over real TCP. Inside each
+namespace the veth end carries the bridge's name, so one `--network-interface NAME` names the right
+interface both on the launcher (bridge) and on every worker (veth), exactly as one NIC name does
+on a real cluster.
+
+Without root (or without `ip netns`) the hosts are loopback addresses of this machine (127.x.y.z
+all reach `lo`), each with its own sshd: still distinct hosts to Horovod, no isolation.
+
+Every cluster claims its own /24 (10.213.N.0/24, N picked at random) by creating its bridge:
+`ip link add` is atomic, so two clusters started in parallel never share a subnet or names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SUBNET_PREFIX = "10.213"          # 10.213.N.0/24 per cluster, N in SUBNET_RANGE
+SUBNET_RANGE = range(1, 255)
+LOOPBACK_PREFIX = "127.213"       # fallback: hosts at 127.213.N.(10+i)
+NETNS_PREFIX = "ringtrain-"       # every namespace this module creates starts with this
+BRIDGE_PREFIX = "rtbr"            # bridges: rtbr<N>; host-side veths: rtv<N>h<i>
+VETH_PREFIX = "rtv"
+FIRST_HOST_OCTET = 10
+
+
+class NetworkSetupError(RuntimeError):
+    """Namespaces, bridge or veths could not be created."""
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Where one worker host lives. `netns` is None in the localhost fallback."""
+
+    index: int
+    name: str        # display name, e.g. "host-0"
+    address: str     # the address Horovod and ssh use
+    netns: str | None = None
+    veth_outer: str | None = None   # root-namespace end, enslaved to the bridge
+    veth_inner: str | None = None   # temporary name of the end moved into the namespace
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    subnet_index: int
+    isolated: bool            # True: namespaces + bridge; False: loopback addresses
+    iface: str                # the interface name on launcher and workers (bridge name, or "lo")
+    driver_address: str       # where hosts reach the launcher (and the object store)
+    hosts: tuple[HostPlan, ...]
+
+    @property
+    def bridge(self) -> str | None:
+        return self.iface if self.isolated else None
+
+    @property
+    def cidr(self) -> str:
+        return f"{SUBNET_PREFIX}.{self.subnet_index}.0/24"
+
+
+def plan_network(subnet_index: int, num_hosts: int, *, isolated: bool) -> NetworkPlan:
+    """Names and addresses for a cluster of `num_hosts` hosts on subnet N (pure)."""
+    if subnet_index not in SUBNET_RANGE:
+        raise ValueError(f"subnet index {subnet_index}: must be in 1..254")
+    if not 1 <= num_hosts <= 200:
+        raise ValueError(f"num_hosts={num_hosts}: must be between 1 and 200")
+    n = subnet_index
+    if isolated:
+        hosts = tuple(
+            HostPlan(
+                index=i,
+                name=f"host-{i}",
+                address=f"{SUBNET_PREFIX}.{n}.{FIRST_HOST_OCTET + i}",
+                netns=f"{NETNS_PREFIX}{n}-host-{i}",
+                veth_outer=f"{VETH_PREFIX}{n}h{i}",
+                veth_inner=f"rtp{n}h{i}",
+            )
+            for i in range(num_hosts)
+        )
+        return NetworkPlan(n, True, f"{BRIDGE_PREFIX}{n}", f"{SUBNET_PREFIX}.{n}.1", hosts)
+    hosts = tuple(
+        HostPlan(index=i, name=f"host-{i}", address=f"{LOOPBACK_PREFIX}.{n}.{FIRST_HOST_OCTET + i}")
+        for i in range(num_hosts)
+    )
+    return NetworkPlan(n, False, "lo", "127.0.0.1", hosts)
+
+
+def namespaces_available() -> tuple[bool, str]:
+    """Whether this process can build isolated hosts, and if not, why (said to the user)."""
+    if os.geteuid() != 0:
+        return False, "not running as root"
+    if shutil.which("ip") is None:
+        return False, "the 'ip' tool (iproute2) is not installed"
+    probe = f"{NETNS_PREFIX}probe-{os.getpid()}"
+    try:
+        _ip("netns", "add", probe)
+    except NetworkSetupError as e:
+        return False, f"cannot create network namespaces ({e})"
+    with contextlib.suppress(NetworkSetupError):
+        _ip("netns", "del", probe)
+    return True, ""
+
+
+def _ip(*args: str, netns: str | None = None) -> str:
+    cmd = ["ip", *args] if netns is None else ["ip", "-n", netns, *args]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetworkSetupError(f"`{' '.join(cmd)}` failed: {e}") from e
+    if out.returncode != 0:
+        raise NetworkSetupError(f"`{' '.join(cmd)}` failed: {out.stderr.strip() or out.returncode}")
+    return out.stdout
+
+
+def _subnets_in_use() -> set[int]:
+    used = set()
+    for line in _ip("-4", "-o", "addr", "show").splitlines():
+        for word in line.split():
+            if word.startswith(f"{SUBNET_PREFIX}."):
+                parts = word.split(".")
+                if len(parts) >= 3 and parts[2].isdigit():
+                    used.add(int(parts[2]))
+    return used
+
+
+def claim_subnet(num_hosts: int, rng: random.Random | None = None) -> NetworkPlan:
+    """Create this cluster's bridge on a free 10.213.N.0/24 and return the plan around it."""
+    rng = rng or random.Random()
+    candidates = [n for n in SUBNET_RANGE if n not in _subnets_in_use()]
+    rng.shuffle(candidates)
+    for n in candidates[:50]:
+        plan = plan_network(n, num_hosts, isolated=True)
+        try:
+            _ip("link", "add", plan.iface, "type", "bridge")
+        except NetworkSetupError:
+            continue  # taken by a cluster started in parallel: try another
+        try:
+            _ip("addr", "add", f"{plan.driver_address}/24", "dev", plan.iface)
+            _ip("link", "set", plan.iface, "up")
+        except NetworkSetupError:
+            delete_bridge(plan)
+            raise
+        return plan
+    raise NetworkSetupError(f"no free subnet {SUBNET_PREFIX}.N.0/24 (tried {min(len(candidates), 50)})")
+
+
+def loopback_plan(num_hosts: int, rng: random.Random | None = None) -> NetworkPlan:
+    return plan_network((rng or random.Random()).choice(SUBNET_RANGE), num_hosts, isolated=False)
+
+
+def delete_bridge(plan: NetworkPlan) -> None:
+    if plan.bridge and link_exists(plan.bridge):
+        _ip("link", "del", plan.bridge)
+
+
+def link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True, timeout=30).returncode == 0
+
+
+def netns_exists(name: str) -> bool:
+    return name in list_namespaces()
+
+
+def list_namespaces(prefix: str = NETNS_PREFIX) -> list[str]:
+    if shutil.which("ip") is None:
+        return []
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.split() and line.startswith(prefix)]
+
+
+ETC_NETNS = Path("/etc/netns")
+
+
+def hosts_file_for(plan: NetworkPlan, host: HostPlan) -> str:
+    """/etc/hosts as seen inside one host's namespace (pure).
+
+    The host's own name must resolve to its own address, not to 127.0.0.1 as the machine's name
+    does: Gloo falls back to resolving the hostname for the address it announces to its peers.
+    """
+    lines = ["127.0.0.1 localhost", f"{plan.driver_address} launcher"]
+    lines += [f"{h.address} {h.name}" for h in plan.hosts]
+    return "\n".join(lines) + "\n"
+
+
+def create_host_netns(plan: NetworkPlan, host: HostPlan) -> None:
+    """The host's namespace, its loopback, and a veth into the bridge carrying the host's address."""
+    assert host.netns and host.veth_outer and host.veth_inner and plan.bridge
+    _ip("netns", "add", host.netns)
+    try:
+        # `ip netns exec` bind-mounts /etc/netns/<name>/* over /etc/* for what it runs.
+        (ETC_NETNS / host.netns).mkdir(parents=True, exist_ok=True)
+        (ETC_NETNS / host.netns / "hosts").write_text(hosts_file_for(plan, host))
+        _ip("link", "set", "lo", "up", netns=host.netns)
+        _ip("link", "add", host.veth_outer, "type", "veth", "peer", "name", host.veth_inner)
+        _ip("link", "set", host.veth_inner, "netns", host.netns)
+        _ip("link", "set", host.veth_inner, "name", plan.iface, netns=host.netns)
+        _ip("addr", "add", f"{host.address}/24", "dev", plan.iface, netns=host.netns)
+        _ip("link", "set", plan.iface, "up", netns=host.netns)
+        _ip("link", "set", host.veth_outer, "master", plan.bridge)
+        _ip("link", "set", host.veth_outer, "up")
+    except NetworkSetupError:
+        delete_host_netns(host)
+        raise
+
+
+def netns_pids(netns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=30)
+    return [int(p) for p in out.stdout.split() if p.isdigit()]
+
+
+def delete_host_netns(host: HostPlan) -> None:
+    """Remove the namespace (its veth end goes with it) and the root-side veth if still there."""
+    if host.netns and netns_exists(host.netns):
+        _ip("netns", "del", host.netns)
+    if host.netns:
+        shutil.rmtree(ETC_NETNS / host.netns, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            ETC_NETNS.rmdir()  # only if empty: other clusters may still use it
+    if host.veth_outer and link_exists(host.veth_outer):
+        try:
+            _ip("link", "del", host.veth_outer)
+        except NetworkSetupError:
+            # Deleting the namespace removes the pair asynchronously: gone by now is fine.
+            if link_exists(host.veth_outer):
+                raise
+
+
+def in_netns(host: HostPlan, command: list[str]) -> list[str]:
+    """`command` run as that host: inside its network namespace with its own hostname (UTS
+    namespace), so the host's name is its own, as on a separate machine. Unchanged in the
+    loopback fallback."""
+    if not host.netns:
+        return command
+    return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
+            "sh", "-c", 'hostname "$0" && exec "$@"', host.name, *command]
