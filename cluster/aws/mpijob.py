@@ -13,6 +13,7 @@ Shape (FIELD_NOTES §1, §5, §6):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +43,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 JOB_LABEL = "ringtrain.io/job"
 ROLE_LABEL = "ringtrain.io/role"
-# Environment the trainer reads its storage locations from (the same names the local backend sets).
-DATASET_ENV = "RINGTRAIN_DATASET_URI"
-CHECKPOINT_ENV = "RINGTRAIN_CHECKPOINT_URI"
+# The trainer's flags for its storage locations (train/config.py).
+DATA_FLAG = "--data"
+CHECKPOINT_FLAG = "--checkpoint-dir"
+ELASTIC_FLAG = "--elastic"
 
 
 class MPIJobError(BackendError):
@@ -116,6 +118,24 @@ def worker_hostnames(job: JobSpec, namespace: str) -> list[str]:
     return [f"{job.name}-worker-{i}.{job.name}-worker.{namespace}.svc" for i in range(job.num_hosts)]
 
 
+def _has_flag(args: tuple[str, ...], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def with_storage_args(job: JobSpec, storage: Storage) -> JobSpec:
+    """The job with the stack's dataset and checkpoint locations as trainer flags (unless it names its own),
+    and `--elastic` for an elastic job (the trainer must run under hvd.elastic to survive lost hosts)."""
+    args = tuple(job.trainer_args)
+    extra: list[str] = []
+    if not _has_flag(args, DATA_FLAG):
+        extra += [DATA_FLAG, storage.dataset_uri]
+    if not _has_flag(args, CHECKPOINT_FLAG):
+        extra += [CHECKPOINT_FLAG, storage.checkpoint_uri]
+    if job.elastic and ELASTIC_FLAG not in args:
+        extra.append(ELASTIC_FLAG)
+    return dataclasses.replace(job, trainer_args=args + tuple(extra))
+
+
 def launcher_command(job: JobSpec, namespace: str) -> list[str]:
     if job.elastic:
         return horovodrun_command(job, discovery_script=MPI_OPERATOR_DISCOVERY_SCRIPT)
@@ -123,7 +143,7 @@ def launcher_command(job: JobSpec, namespace: str) -> list[str]:
 
 
 def _env(job: JobSpec, storage: Storage) -> list[dict[str, str]]:
-    env = {DATASET_ENV: storage.dataset_uri, CHECKPOINT_ENV: storage.checkpoint_uri, **storage.env, **job.env}
+    env = {**storage.env, **job.env}
     return [{"name": k, "value": v} for k, v in sorted(env.items())]
 
 
@@ -158,6 +178,7 @@ def render_mpijob(
         raise MPIJobError("backoffLimit and ttlSecondsAfterFinished must be >= 0")
     if not image or ":" not in image.rsplit("/", 1)[-1]:
         raise MPIJobError(f"image {image!r}: expected <repository>:<tag>")
+    job = with_storage_args(job, storage)
     env = _env(job, storage)
 
     launcher_pod = {
@@ -169,7 +190,7 @@ def render_mpijob(
                 "name": "launcher",
                 "image": image,
                 "command": launcher_command(job, namespace),
-                "env": env,
+                **({"env": env} if env else {}),
                 "resources": {"requests": {"cpu": launcher.cpu, "memory": launcher.memory}},
             }],
         },
@@ -206,7 +227,7 @@ def render_mpijob(
                 "image": image,
                 # The operator's default for workers, stated: horovodrun reaches the workers over ssh.
                 "command": ["/usr/sbin/sshd", "-De"],
-                "env": env,
+                **({"env": env} if env else {}),
                 "resources": resources,
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],

@@ -11,8 +11,6 @@ import pytest
 import yaml
 
 from cluster.aws.mpijob import (
-    CHECKPOINT_ENV,
-    DATASET_ENV,
     EFA_RESOURCE,
     GPU_RESOURCE,
     HUGEPAGES_RESOURCE,
@@ -106,7 +104,9 @@ def test_static_launcher_runs_horovodrun_on_the_operator_hostnames():
     launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     hosts = "j1-worker-0.j1-worker.training.svc:8,j1-worker-1.j1-worker.training.svc:8"
     assert launcher["command"] == ["horovodrun", "--gloo", "-np", "16", "-H", hosts,
-                                   "python", "-m", "train", "--steps", "10"]
+                                   "python", "-m", "train", "--steps", "10",
+                                   "--data", "s3://acme-datasets/datasets/cifar",
+                                   "--checkpoint-dir", "s3://acme-ckpt/checkpoints/j1"]
     assert "--host-discovery-script" not in launcher["command"]
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
@@ -123,6 +123,7 @@ def test_elastic_launcher_uses_the_operator_discovery_script():
     assert script == MPI_OPERATOR_DISCOVERY_SCRIPT == "/etc/mpi/discover_hosts.sh"
     assert cmd[cmd.index("--min-np") + 1] == "8" and cmd[cmd.index("--max-np") + 1] == "16"
     assert "-H" not in cmd
+    assert cmd[-1] == "--elastic"  # the trainer runs under hvd.elastic
     assert spec["launcherCreationPolicy"] == "AtStartup"
     assert spec["mpiReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
 
@@ -177,9 +178,7 @@ def test_storage_locations_image_and_run_policy():
     for role in ("Launcher", "Worker"):
         (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
         assert container["image"] == IMAGE
-        env = {e["name"]: e["value"] for e in container["env"]}
-        assert env[DATASET_ENV] == "s3://acme-datasets/datasets/cifar"
-        assert env[CHECKPOINT_ENV] == "s3://acme-ckpt/checkpoints/j1"
+        assert "env" not in container  # on AWS the pod's role supplies S3 credentials: nothing to pass
 
 
 def test_image_tag_comes_from_image_version(tmp_path):
@@ -232,3 +231,21 @@ def test_node_labels_match_what_the_node_groups_set():
     assert mpijob.SYSTEM_POOL == nodegroups.SYSTEM_POOL
     assert nodegroups.GPU_TAINT["key"] == mpijob.GPU_RESOURCE
     assert nodegroups.GPU_TAINT["effect"] == "NO_SCHEDULE"
+
+
+def test_storage_flags_come_from_the_stack_unless_the_job_names_its_own():
+    job = JobSpec(name="j3", num_hosts=1, slots_per_host=1, trainer_args=("--data=synthetic",))
+    cmd = render(job)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("train") + 1:] == ["--data=synthetic", "--checkpoint-dir", "s3://acme-ckpt/checkpoints/j1"]
+
+
+def test_job_and_store_environment_reach_both_pods():
+    storage = Storage(dataset_uri="s3://d/datasets/x", checkpoint_uri="s3://c/checkpoints/j4",
+                      endpoint_url="http://127.0.0.1:9000", env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"})
+    job = JobSpec(name="j4", num_hosts=1, env={"NCCL_DEBUG": "INFO"})
+    manifest = render_mpijob(job, image=IMAGE, storage=storage, namespace=NS, service_account=SA, workers=P5,
+                             launcher=LAUNCHER)
+    for role in ("Launcher", "Worker"):
+        (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
+        assert container["env"] == [{"name": "AWS_ENDPOINT_URL", "value": "http://127.0.0.1:9000"},
+                                    {"name": "NCCL_DEBUG", "value": "INFO"}]

@@ -1,0 +1,345 @@
+"""Offline plan: what a stack would create and what it costs, with no AWS credentials and no Pulumi CLI.
+
+The real Pulumi program (infra/__main__.py) runs under mocks (infra/offline.py); the plan reads the
+resources it declares: counts by type, the EKS managed node groups (instance types, GPUs, EFA
+interfaces from their launch templates, capacity type, sizes), NAT gateways and the control plane.
+Costs come from infra/catalog.yaml's list prices:
+
+- idle $/h:       EKS control plane + NAT gateways + system nodes at desiredSize + GPU groups at minSize
+                  (what runs when no job does; the cost guard scales GPU groups down to minSize);
+- full scale $/h: the same with every GPU group at maxSize;
+- a run:          full scale $/h x hours.
+
+A group with several instance types is priced at its most expensive type (the bill cannot exceed it).
+Spot groups are priced at the on-demand list price, an upper bound: spot prices float below it. The
+data layer (S3, KMS, ECR) and traffic (NAT data processing, S3 requests) are not included.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from infra.catalog import Catalog
+
+NODE_GROUP_TYPE = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE_TYPE = "aws:ec2/launchTemplate:LaunchTemplate"
+NAT_GATEWAY_TYPE = "aws:ec2/natGateway:NatGateway"
+EKS_CLUSTER_TYPE = "aws:eks/cluster:Cluster"
+EFA_INTERFACE_TYPES = ("efa", "efa-only")
+# infra/nodegroups.py labels every node with its group's config name; the plan shows that name.
+NODE_POOL_LABEL = "ringtrain.io/node-pool"
+PRICE_REGION = "us-east-1"  # the region of the catalog's list prices
+
+
+class PlanError(Exception):
+    """The plan cannot be made (unknown stack, bad config, a type missing from the catalog)."""
+
+
+@dataclass(frozen=True)
+class NodeGroupPlan:
+    name: str
+    role: str                         # "system" (CPU) or "gpu"
+    instance_types: tuple[str, ...]
+    capacity_type: str                # ON_DEMAND | SPOT
+    min_size: int
+    desired_size: int
+    max_size: int
+    gpus_per_node: int
+    gpu_model: str | None
+    efa_interfaces: int               # per node, from the launch template's network interfaces
+
+
+@dataclass(frozen=True)
+class CostLine:
+    item: str
+    quantity: int
+    usd_per_hour_each: float | None   # None: the catalog has no list price for this type
+    note: str = ""
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        if self.quantity == 0:
+            return 0.0
+        return None if self.usd_per_hour_each is None else self.quantity * self.usd_per_hour_each
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    idle: tuple[CostLine, ...]
+    full_scale: tuple[CostLine, ...]
+    run_hours: float
+    price_sources: tuple[str, ...]      # "<source> (<date>)" for every price used
+    unpriced_types: tuple[str, ...]     # types without a list price: totals are then lower bounds
+
+    @staticmethod
+    def _total(lines: tuple[CostLine, ...]) -> float:
+        return round(sum(line.usd_per_hour or 0.0 for line in lines), 4)
+
+    @property
+    def idle_usd_per_hour(self) -> float:
+        return self._total(self.idle)
+
+    @property
+    def full_scale_usd_per_hour(self) -> float:
+        return self._total(self.full_scale)
+
+    @property
+    def run_usd(self) -> float:
+        return round(self.full_scale_usd_per_hour * self.run_hours, 2)
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: str
+    region: str
+    compute: bool
+    resource_counts: dict[str, int]
+    node_groups: tuple[NodeGroupPlan, ...]
+    nat_gateways: int
+    eks_clusters: int
+    cost: CostEstimate
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _int(value: Any) -> int:
+    # Inputs reach the mock monitor as the engine sees them: numbers are floats.
+    return int(round(float(value)))
+
+
+def _efa_interfaces_by_template(resources: list[Any]) -> dict[str, int]:
+    """Launch template id (and name) -> number of EFA interfaces it attaches."""
+    out: dict[str, int] = {}
+    for res in resources:
+        if res.type != LAUNCH_TEMPLATE_TYPE:
+            continue
+        nics = res.inputs.get("networkInterfaces") or []
+        count = sum(1 for nic in nics if nic.get("interfaceType") in EFA_INTERFACE_TYPES)
+        for key in (res.id, res.outputs.get("id"), res.inputs.get("name"), res.name):
+            if key:
+                out[str(key)] = count
+    return out
+
+
+def node_groups_from_resources(resources: list[Any], catalog: Catalog) -> tuple[NodeGroupPlan, ...]:
+    """The managed node groups the program declares, as plain records."""
+    efa_by_template = _efa_interfaces_by_template(resources)
+    groups = []
+    for res in resources:
+        if res.type != NODE_GROUP_TYPE:
+            continue
+        inputs = res.inputs
+        types = tuple(inputs.get("instanceTypes") or ())
+        if not types:
+            raise PlanError(f"node group {res.name!r} declares no instanceTypes")
+        unknown = [t for t in types if t not in catalog]
+        if unknown:
+            raise PlanError(f"node group {res.name!r}: instance types {', '.join(unknown)} are not in "
+                            "infra/catalog.yaml; add them there")
+        records = [catalog[t] for t in types]
+        scaling = inputs.get("scalingConfig") or {}
+        template = inputs.get("launchTemplate") or {}
+        efa = 0
+        for key in (template.get("id"), template.get("name")):
+            if key and str(key) in efa_by_template:
+                efa = efa_by_template[str(key)]
+                break
+        gpus = max(r.gpus for r in records)
+        pool = (inputs.get("labels") or {}).get(NODE_POOL_LABEL)
+        groups.append(NodeGroupPlan(
+            name=str(pool or inputs.get("nodeGroupName") or res.name),
+            role="gpu" if gpus > 0 else "system",
+            instance_types=types,
+            capacity_type=str(inputs.get("capacityType") or "ON_DEMAND"),
+            min_size=_int(scaling.get("minSize", 0)),
+            desired_size=_int(scaling.get("desiredSize", 0)),
+            max_size=_int(scaling.get("maxSize", 0)),
+            gpus_per_node=gpus,
+            gpu_model=records[0].gpu_model,
+            efa_interfaces=efa,
+        ))
+    return tuple(sorted(groups, key=lambda g: (g.role != "system", g.name)))
+
+
+def _group_price(group: NodeGroupPlan, catalog: Catalog) -> tuple[float | None, str]:
+    """Per-node $/h for a group: its most expensive type; None when a type has no list price."""
+    prices = {t: catalog[t].on_demand_usd_per_hour for t in group.instance_types}
+    notes = []
+    if len(prices) > 1:
+        notes.append("priced at its most expensive type")
+    if group.capacity_type == "SPOT":
+        notes.append("spot at on-demand list price (upper bound)")
+    missing = [t for t, p in prices.items() if p is None]
+    if missing:
+        notes.append(f"no list price for {', '.join(missing)}")
+        return None, "; ".join(notes)
+    return max(p for p in prices.values() if p is not None), "; ".join(notes)
+
+
+def estimate_cost(node_groups: tuple[NodeGroupPlan, ...], nat_gateways: int, eks_clusters: int,
+                  catalog: Catalog, run_hours: float) -> CostEstimate:
+    """The cost arithmetic (see the module docstring for what each figure includes)."""
+    if not run_hours >= 0:
+        raise PlanError(f"run hours {run_hours!r}: expected a number >= 0")
+    fixed = catalog.fixed_costs
+    base = [
+        CostLine("EKS control plane", eks_clusters, fixed.eks_control_plane_usd_per_hour),
+        CostLine("NAT gateway", nat_gateways, fixed.nat_gateway_usd_per_hour,
+                 "plus data processing, not included"),
+    ]
+    idle, full = list(base), list(base)
+    sources = {f"{fixed.price_source} ({fixed.price_date})"} if (eks_clusters or nat_gateways) else set()
+    unpriced: set[str] = set()
+    for group in node_groups:
+        each, note = _group_price(group, catalog)
+        label = f"{group.name} ({', '.join(group.instance_types)}, {group.capacity_type})"
+        if group.role == "system":
+            idle.append(CostLine(label, group.desired_size, each, note))
+            full.append(CostLine(label, group.desired_size, each, note))
+        else:
+            idle.append(CostLine(label, group.min_size, each, note))
+            full.append(CostLine(label, group.max_size, each, note))
+        for t in group.instance_types:
+            rec = catalog[t]
+            if rec.on_demand_usd_per_hour is None:
+                unpriced.add(t)
+            else:
+                sources.add(f"{rec.price_source} ({rec.price_date})")
+    return CostEstimate(idle=tuple(idle), full_scale=tuple(full), run_hours=float(run_hours),
+                        price_sources=tuple(sorted(sources)), unpriced_types=tuple(sorted(unpriced)))
+
+
+def plan_from_result(result: Any, catalog: Catalog, run_hours: float) -> Plan:
+    """A Plan from an offline program run (infra.offline.ProgramResult)."""
+    resources = list(result.resources)
+    counts = Counter(r.type for r in resources if r.custom and not r.type.startswith("pulumi:providers:"))
+    groups = node_groups_from_resources(resources, catalog)
+    nats = counts.get(NAT_GATEWAY_TYPE, 0)
+    clusters = counts.get(EKS_CLUSTER_TYPE, 0)
+    compute = _config_bool(result.config.get("ringtrain:compute", True))
+    notes = [
+        "List prices (on-demand, Linux, us-east-1 unless stated) from infra/catalog.yaml; they drift: "
+        "check them before quoting.",
+        "Spot groups are shown at the on-demand list price: an upper bound, spot prices float below it.",
+        "Not included: data layer (S3 storage and requests, KMS, ECR), NAT data processing, EBS volumes.",
+    ]
+    if not compute:
+        notes.insert(0, "ringtrain:compute is false: compute is down, only the data layer exists.")
+    region = str(result.config.get("aws:region", ""))
+    if region and region != PRICE_REGION:
+        notes.insert(0, f"The catalog's prices are {PRICE_REGION} list prices; {region} prices may differ.")
+    cost = estimate_cost(groups, nats, clusters, catalog, run_hours)
+    if cost.unpriced_types:
+        notes.append(f"No list price for {', '.join(cost.unpriced_types)}: totals leave them out and are "
+                     "lower bounds.")
+    return Plan(stack=result.stack, region=region, compute=compute,
+                resource_counts=dict(sorted(counts.items())), node_groups=groups, nat_gateways=nats,
+                eks_clusters=clusters, cost=cost, notes=tuple(notes))
+
+
+def _config_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() == "true"
+    return bool(value)
+
+
+def offline_plan(stack: str, run_hours: float, *, config: Mapping[str, Any] | None = None) -> Plan:
+    """Run the program for `stack` under mocks and plan it (no credentials, no Pulumi CLI)."""
+    # Imported here: pulumi's runtime is heavy and only this path needs it.
+    from infra.catalog import load_catalog
+    from infra.offline import REPO_ROOT, run_program
+
+    if config is None and not (REPO_ROOT / f"Pulumi.{stack}.yaml").exists():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO_ROOT.glob("Pulumi.*.yaml"))
+        raise PlanError(f"stack {stack!r} has no Pulumi.{stack}.yaml in {REPO_ROOT}: "
+                        f"committed stacks are {', '.join(known) or '(none)'}")
+    try:
+        result = run_program(stack, config)
+    except Exception as exc:  # the program's own error (ConfigError -> RunError) is the message to show
+        message = str(exc).strip() or type(exc).__name__
+        raise PlanError(f"stack {stack!r}: the Pulumi program failed offline: {message}") from None
+    return plan_from_result(result, load_catalog(), run_hours)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presentation
+# ---------------------------------------------------------------------------------------------
+
+
+def _money(value: float | None) -> str:
+    return "n/a" if value is None else f"${value:,.2f}"
+
+
+def _rate(value: float | None) -> str:
+    """A unit price with the catalog's precision ($0.045, $0.1008, $55.04)."""
+    if value is None:
+        return "n/a"
+    text = f"{value:,.4f}".rstrip("0")
+    return "$" + (text + "0" if len(text.split(".")[1]) < 2 else text)
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    cost = plan.cost
+
+    def lines(ls: tuple[CostLine, ...]) -> list[dict[str, Any]]:
+        return [{**asdict(line), "usd_per_hour": line.usd_per_hour} for line in ls]
+
+    return {
+        "stack": plan.stack,
+        "region": plan.region,
+        "compute": plan.compute,
+        "resourceCounts": plan.resource_counts,
+        "resourceTotal": sum(plan.resource_counts.values()),
+        "nodeGroups": [asdict(g) | {"instance_types": list(g.instance_types)} for g in plan.node_groups],
+        "natGateways": plan.nat_gateways,
+        "eksClusters": plan.eks_clusters,
+        "cost": {
+            "idleUsdPerHour": cost.idle_usd_per_hour,
+            "fullScaleUsdPerHour": cost.full_scale_usd_per_hour,
+            "runHours": cost.run_hours,
+            "runUsd": cost.run_usd,
+            "idle": lines(cost.idle),
+            "fullScale": lines(cost.full_scale),
+            "priceBasis": "on-demand list prices; spot at list price as an upper bound",
+            "priceSources": list(cost.price_sources),
+            "unpricedTypes": list(cost.unpriced_types),
+        },
+        "notes": list(plan.notes),
+    }
+
+
+def plan_to_json(plan: Plan) -> str:
+    return json.dumps(plan_to_dict(plan), indent=2, sort_keys=False)
+
+
+def plan_to_table(plan: Plan) -> str:
+    from tabulate import tabulate
+
+    cost = plan.cost
+    out = [f"Stack {plan.stack} ({plan.region}); compute {'on' if plan.compute else 'OFF'}", ""]
+    out.append(tabulate(sorted(plan.resource_counts.items()), headers=["resource type", "count"]))
+    out.append(f"{sum(plan.resource_counts.values())} resources")
+    out.append("")
+    if plan.node_groups:
+        rows = [[g.name, g.role, ", ".join(g.instance_types), g.gpus_per_node, g.gpu_model or "-",
+                 g.efa_interfaces, g.capacity_type, g.min_size, g.desired_size, g.max_size]
+                for g in plan.node_groups]
+        out.append(tabulate(rows, headers=["node group", "role", "instance types", "GPUs/node", "GPU",
+                                           "EFA/node", "capacity", "min", "desired", "max"]))
+        out.append("")
+    rows = [[line.item, line.quantity, _rate(line.usd_per_hour_each), _money(line.usd_per_hour), line.note]
+            for line in cost.full_scale]
+    out.append("Full scale (GPU groups at maxSize):")
+    out.append(tabulate(rows, headers=["item", "count", "$/h each", "$/h", "note"]))
+    out.append("")
+    out.append(f"Idle       {_money(cost.idle_usd_per_hour)}/h   (control plane, NAT, system nodes, "
+               "GPU groups at minSize)")
+    out.append(f"Full scale {_money(cost.full_scale_usd_per_hour)}/h")
+    out.append(f"Run of {cost.run_hours:g} h at full scale: {_money(cost.run_usd)}")
+    out.append("")
+    out.append("Prices: " + ("; ".join(cost.price_sources) or "none used"))
+    out.extend(f"Note: {n}" for n in plan.notes)
+    return "\n".join(out)

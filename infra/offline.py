@@ -1,0 +1,399 @@
+"""Run the real Pulumi program (infra/__main__.py) offline under Pulumi mocks and capture what it declares.
+
+Importable machinery shared by the operator's offline plan (`cluster.aws.plan`, no credentials and no
+Pulumi CLI needed) and the infra tests (tests/infra/harness.py re-exports it).
+
+    result = run_program("prod")                      # a committed stack: Pulumi.prod.yaml
+    result = run_program(config={...}, stack="t")     # any config dict (keys "ringtrain:...", "aws:region")
+    vpc = result.one("aws:ec2/vpc:Vpc")
+    result.exports["vpcId"]
+
+The program runs exactly as the Pulumi language host runs it (runpy on infra/__main__.py), inside
+`run_pulumi_func`, which waits for every RPC and every pending Output before returning; so tests get
+plain Python data and need no `@pulumi.runtime.test` (FIELD_NOTES §7). Inputs are recorded as the
+engine would receive them: camelCased keys, numbers as floats, provider object inputs JSON-encoded.
+
+Invokes are answered from INVOKES (token -> function(args, region) -> dict); an invoke without an
+answer fails the run naming its token, so a test never passes on a silently empty result.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = REPO_ROOT / "infra" / "__main__.py"
+PROJECT = "ringtrain"
+ACCOUNT_ID = "123456789012"
+COMMITTED_STACKS = ("dev", "prod")
+
+
+class HarnessError(Exception):
+    """The offline run itself could not answer (an unmocked invoke, a duplicate URN)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Stack config
+# --------------------------------------------------------------------------------------------
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    """The `config:` mapping of Pulumi.<stack>.yaml as Python values (not yet engine strings)."""
+    path = REPO_ROOT / f"Pulumi.{stack}.yaml"
+    doc = yaml.safe_load(path.read_text()) or {}
+    return dict(doc.get("config") or {})
+
+
+def engine_config(config: Mapping[str, Any]) -> dict[str, str]:
+    """Config as the engine hands it to a program: every value a string, objects and lists as JSON."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, str):
+            out[key] = value
+        else:
+            # Pulumi passes structured and scalar non-string values as JSON text.
+            out[key] = json.dumps(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Captured resources
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CapturedResource:
+    type: str
+    name: str
+    urn: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    id: str | None
+    parent: str  # URN of the parent ("" only for the stack itself)
+    provider: str  # provider reference "urn::id"; "" means the engine's default provider
+    custom: bool
+    protect: bool | None
+    retain_on_delete: bool | None
+    dependencies: list[str] = field(default_factory=list)
+    ignore_changes: list[str] = field(default_factory=list)
+    providers: dict[str, str] = field(default_factory=dict)  # component `providers=` map
+
+    @property
+    def provider_urn(self) -> str:
+        """URN of the explicit provider ("" for the engine's default provider)."""
+        return self.provider.rsplit("::", 1)[0] if self.provider else ""
+
+
+@dataclass
+class ProgramResult:
+    stack: str
+    config: dict[str, Any]
+    resources: list[CapturedResource]
+    exports: dict[str, Any]
+    secret_exports: set[str]
+
+    def of_type(self, type_: str) -> list[CapturedResource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def one(self, type_: str, name: str | None = None) -> CapturedResource:
+        matches = [r for r in self.of_type(type_) if name is None or r.name == name]
+        if len(matches) != 1:
+            names = [r.name for r in self.of_type(type_)]
+            raise AssertionError(f"expected exactly one {type_}{' ' + name if name else ''}, found {names}")
+        return matches[0]
+
+    def by_urn(self, urn: str) -> CapturedResource:
+        for r in self.resources:
+            if r.urn == urn:
+                return r
+        raise KeyError(urn)
+
+    def children(self, parent: CapturedResource) -> list[CapturedResource]:
+        return [r for r in self.resources if r.parent == parent.urn]
+
+    def ancestors(self, res: CapturedResource) -> list[CapturedResource]:
+        chain, urn = [], res.parent
+        seen: set[str] = set()
+        while urn and urn not in seen:
+            seen.add(urn)
+            try:
+                parent = self.by_urn(urn)
+            except KeyError:
+                break
+            chain.append(parent)
+            urn = parent.parent
+        return chain
+
+    def types(self) -> set[str]:
+        return {r.type for r in self.resources}
+
+
+# --------------------------------------------------------------------------------------------
+# Mocks
+# --------------------------------------------------------------------------------------------
+
+
+def _az_names(region: str) -> list[str]:
+    return [f"{region}{letter}" for letter in "abcdef"]
+
+
+def _get_availability_zones(args: dict, region: str) -> dict:
+    names = _az_names(region)
+    return {
+        "names": names,
+        "zoneIds": [f"use1-az{i + 1}" for i in range(len(names))],
+        "groupNames": [region] * len(names),
+        "id": region,
+        "region": region,
+        "state": args.get("state", "available"),
+    }
+
+
+def _get_region(args: dict, region: str) -> dict:
+    return {
+        "name": region,
+        "region": region,
+        "id": region,
+        "endpoint": f"ec2.{region}.amazonaws.com",
+        "description": region,
+    }
+
+
+def _get_caller_identity(args: dict, region: str) -> dict:
+    return {
+        "accountId": ACCOUNT_ID,
+        "arn": f"arn:aws:iam::{ACCOUNT_ID}:user/ringtrain-test",
+        "userId": "AIDATESTUSER",
+        "id": ACCOUNT_ID,
+    }
+
+
+def _get_partition(args: dict, region: str) -> dict:
+    return {
+        "partition": "aws",
+        "dnsSuffix": "amazonaws.com",
+        "reverseDnsPrefix": "com.amazonaws",
+        "id": "aws",
+    }
+
+
+def _get_ssm_parameter(args: dict, region: str) -> dict:
+    name = args.get("name", "")
+    return {"name": name, "value": "ami-0123456789abcdef0", "insecureValue": "ami-0123456789abcdef0",
+            "type": "String", "version": 1.0, "arn": f"arn:aws:ssm:{region}:{ACCOUNT_ID}:parameter{name}",
+            "id": name}
+
+
+def _get_ami(args: dict, region: str) -> dict:
+    return {"id": "ami-0123456789abcdef0", "imageId": "ami-0123456789abcdef0", "name": "mock-ami",
+            "architecture": "x86_64", "rootDeviceName": "/dev/xvda"}
+
+
+# token -> (args, region) -> result. Extend (additively) when the program starts calling more.
+INVOKES: dict[str, Callable[[dict, str], dict]] = {
+    "aws:index/getAvailabilityZones:getAvailabilityZones": _get_availability_zones,
+    "aws:index/getRegion:getRegion": _get_region,
+    "aws:index/getCallerIdentity:getCallerIdentity": _get_caller_identity,
+    "aws:index/getPartition:getPartition": _get_partition,
+    "aws:ssm/getParameter:getParameter": _get_ssm_parameter,
+    "aws:ec2/getAmi:getAmi": _get_ami,
+}
+
+
+def _service_of(type_: str) -> str:
+    # "aws:ec2/vpc:Vpc" -> "ec2"
+    try:
+        return type_.split(":", 2)[1].split("/")[0]
+    except IndexError:
+        return "unknown"
+
+
+def _default_outputs(type_: str, name: str, inputs: dict, region: str, rid: str) -> dict:
+    """Computed outputs a real provider would return and that programs commonly read."""
+    service = _service_of(type_)
+    out: dict[str, Any] = {
+        "arn": f"arn:aws:{service}:{region}:{ACCOUNT_ID}:{type_.rsplit(':', 1)[-1].lower()}/{name}",
+    }
+    if type_ == "aws:s3/bucket:Bucket":
+        bucket = inputs.get("bucket") or name
+        out.update(bucket=bucket, arn=f"arn:aws:s3:::{bucket}", bucketDomainName=f"{bucket}.s3.amazonaws.com",
+                   bucketRegionalDomainName=f"{bucket}.s3.{region}.amazonaws.com", region=region)
+    elif type_ == "aws:ecr/repository:Repository":
+        repo = inputs.get("name") or name
+        out.update(name=repo, repositoryUrl=f"{ACCOUNT_ID}.dkr.ecr.{region}.amazonaws.com/{repo}",
+                   registryId=ACCOUNT_ID, arn=f"arn:aws:ecr:{region}:{ACCOUNT_ID}:repository/{repo}")
+    elif type_ == "aws:kms/key:Key":
+        out.update(keyId=rid, arn=f"arn:aws:kms:{region}:{ACCOUNT_ID}:key/{rid}")
+    elif type_ == "aws:iam/role:Role":
+        role = inputs.get("name") or name
+        out.update(name=role, arn=f"arn:aws:iam::{ACCOUNT_ID}:role/{role}", uniqueId=f"AROA{rid[-12:]}")
+    elif type_ == "aws:iam/policy:Policy":
+        out.update(arn=f"arn:aws:iam::{ACCOUNT_ID}:policy/{inputs.get('name') or name}")
+    elif type_ == "aws:cloudwatch/logGroup:LogGroup":
+        group = inputs.get("name") or name
+        out.update(name=group, arn=f"arn:aws:logs:{region}:{ACCOUNT_ID}:log-group:{group}")
+    elif type_ == "aws:eks/cluster:Cluster":
+        cname = inputs.get("name") or name
+        out.update(
+            name=cname,
+            endpoint=f"https://{rid}.gr7.{region}.eks.amazonaws.com",
+            certificateAuthority={"data": "bW9jay1jYQ=="},
+            identities=[{"oidcs": [{"issuer": f"https://oidc.eks.{region}.amazonaws.com/id/{rid.upper()}"}]}],
+            vpcConfig={**(inputs.get("vpcConfig") or {}), "clusterSecurityGroupId": "sg-cluster0000000000"},
+            arn=f"arn:aws:eks:{region}:{ACCOUNT_ID}:cluster/{cname}",
+        )
+    elif type_ == "aws:ec2/launchTemplate:LaunchTemplate":
+        out.update(latestVersion=1.0, defaultVersion=1.0)
+    elif type_ == "aws:sns/topic:Topic":
+        out.update(arn=f"arn:aws:sns:{region}:{ACCOUNT_ID}:{inputs.get('name') or name}")
+    return out
+
+
+class _RecordingMocks(pulumi.runtime.Mocks):
+    def __init__(self, region: str, invokes: Mapping[str, Callable[[dict, str], dict]]):
+        self.region = region
+        self.invokes = dict(invokes)
+        self.invoked: list[tuple[str, dict]] = []
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        with self._lock:
+            self._counter += 1
+            n = self._counter
+        rid = args.resource_id or f"{args.name}-{n:06d}"
+        if args.typ.startswith("pulumi:providers:"):
+            return rid, dict(args.inputs)
+        state = {**_default_outputs(args.typ, args.name, args.inputs, self.region, rid), **args.inputs}
+        if args.typ == "aws:kms/key:Key":
+            state["arn"] = f"arn:aws:kms:{self.region}:{ACCOUNT_ID}:key/{rid}"
+        state.setdefault("id", rid)
+        return rid, state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invoked.append((args.token, dict(args.args)))
+        fn = self.invokes.get(args.token)
+        if fn is None:
+            raise HarnessError(
+                f"the offline run has no mock answer for invoke {args.token!r}; add one to "
+                f"infra/offline.py INVOKES (known: {sorted(self.invokes)})"
+            )
+        return fn(dict(args.args), self.region), []
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    """MockMonitor that also keeps parent, provider and resource options of every registration."""
+
+    def __init__(self, mocks: _RecordingMocks):
+        super().__init__(mocks)
+        self.captured: dict[str, CapturedResource] = {}
+        self._lock = threading.Lock()
+
+    def RegisterResource(self, request):
+        urn = self.make_urn(request.parent, request.type, request.name)
+        if request.type != "pulumi:pulumi:Stack":
+            with self._lock:
+                if urn in self.captured:
+                    raise HarnessError(
+                        f"duplicate resource URN {urn} (two resources with the same type and name)")
+        response = super().RegisterResource(request)
+        if request.type == "pulumi:pulumi:Stack":
+            return response
+        inputs = pulumi_mocks.rpc.deserialize_properties(request.object)
+        reg = self.resources[urn]
+        captured = CapturedResource(
+            type=request.type,
+            name=request.name,
+            urn=urn,
+            inputs=dict(inputs),
+            outputs=dict(reg.state),
+            id=reg.id,
+            parent=request.parent,
+            provider=request.provider,
+            custom=bool(request.custom),
+            protect=request.protect if request.HasField("protect") else None,
+            retain_on_delete=request.retainOnDelete if request.HasField("retainOnDelete") else None,
+            dependencies=list(request.dependencies),
+            ignore_changes=list(request.ignoreChanges),
+            providers=dict(request.providers),
+        )
+        with self._lock:
+            self.captured[urn] = captured
+        return response
+
+    def ReadResource(self, request):
+        raise HarnessError(f"the program reads an existing resource ({request.type} {request.name}); "
+                           "the offline run does not model reads")
+
+
+# --------------------------------------------------------------------------------------------
+# Running the program
+# --------------------------------------------------------------------------------------------
+
+
+_RUN_LOCK = threading.Lock()  # the Pulumi runtime's settings are process-global
+
+
+def run_program(
+    stack: str = "dev",
+    config: Mapping[str, Any] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    invokes: Mapping[str, Callable[[dict, str], dict]] | None = None,
+    secret_keys: Iterable[str] = (),
+) -> ProgramResult:
+    """Run infra/__main__.py for one stack under mocks; return every registered resource and the exports.
+
+    stack:     stack name; without `config` its Pulumi.<stack>.yaml is loaded.
+    config:    a whole config mapping instead of the committed file ("aws:region", "ringtrain:...").
+    overrides: keys replaced on top of the loaded config (a value None removes the key).
+    Exceptions raised by the program (e.g. pulumi.RunError for a bad config) propagate unchanged.
+    """
+    cfg = dict(stack_config(stack) if config is None else config)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    region = str(cfg.get("aws:region", "us-east-1"))
+
+    with _RUN_LOCK:
+        mocks = _RecordingMocks(region, {**INVOKES, **(invokes or {})})
+        monitor = _RecordingMonitor(mocks)
+        set_all_config(engine_config(cfg), list(secret_keys))
+        pulumi_settings.ROOT.set(None)
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+        pulumi_settings.SETTINGS.rpc_manager.clear()
+        pulumi_settings.SETTINGS.outputs.clear()
+        root = pulumi_settings.get_root_resource()
+
+        exports: dict[str, Any] = {}
+        secret_exports: set[str] = set()
+
+        async def program() -> None:
+            runpy.run_path(str(PROGRAM), run_name="__main__")
+            for key, value in dict(root.outputs).items():
+                out = pulumi.Output.from_input(value)
+                exports[key] = await out.future()
+                if await out.is_secret():
+                    secret_exports.add(key)
+
+        _sync_await(run_pulumi_func(program))
+        resources = list(monitor.captured.values())
+
+    return ProgramResult(stack=stack, config=cfg, resources=resources, exports=exports,
+                         secret_exports=secret_exports)
