@@ -162,7 +162,7 @@ def parse_env_file(text: str, source: str = "env file") -> dict[str, str]:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        m = re.fullmatch(r"([A-Z_][A-Z0-9_]*)=(\S*)", stripped)
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=(\S*)", stripped)
         if not m:
             raise UsageError(f"{source}:{n}: {line!r} is not KEY=VALUE (no spaces, no quotes)")
         if m.group(1) in values:
