@@ -23,6 +23,7 @@ if _ROOT not in sys.path:
 import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
+from infra.compute import declare_compute  # noqa: E402
 from infra.config import ConfigError, load_stack_config  # noqa: E402
 from infra.data import DataLayer  # noqa: E402
 from infra.network import Network  # noqa: E402
@@ -44,10 +45,8 @@ def main() -> None:
     use_provider = pulumi.ResourceOptions(providers=[provider])
     account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
 
-    data = DataLayer("data", cfg.data, stack=stack, region=settings.region, account_id=account_id,
-                     protect=cfg.data_protection, opts=use_provider)
-    network = Network("net", cfg.network, compute=cfg.compute, account_id=account_id,
-                      kms_key_arn=data.kms_key.arn, opts=use_provider)
+    data = DataLayer("data", cfg.data, stack=stack, protect=cfg.data_protection, opts=use_provider)
+    network = Network("net", cfg.network, compute=cfg.compute, account_id=account_id, opts=use_provider)
     security = SecurityGroups("sg", vpc_id=network.vpc.id, vpc_cidr=cfg.network.cidr, opts=use_provider)
 
     pulumi.export("vpcId", network.vpc.id)
@@ -62,6 +61,11 @@ def main() -> None:
     if not cfg.compute:
         return
     # --- compute (infra-compute): cluster, node groups, platform, cost guard; one call + exports ---
+    compute = declare_compute(
+        settings, stack=stack, account_id=account_id, network=network, security=security, data=data,
+        tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours), opts=use_provider)
+    for key, value in compute.exports().items():
+        pulumi.export(key, value)
 
 
 main()

@@ -291,6 +291,10 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
         if not re.fullmatch(re.escape(region) + r"[a-z]", az):
             raise _problem(f"network.availabilityZones[{i}]", az,
                            f"a zone of aws:region {region} ({region}a, {region}b, ...)")
+    if not re.fullmatch(re.escape(region) + r"[a-z]", net.gpu_availability_zone):
+        raise _problem("network.gpuAvailabilityZone", net.gpu_availability_zone,
+                       f"a zone of aws:region {region} listed in network.availabilityZones "
+                       f"({', '.join(net.availability_zones)})")
     if net.gpu_availability_zone not in net.availability_zones:
         raise _problem("network.gpuAvailabilityZone", net.gpu_availability_zone,
                        f"one of network.availabilityZones ({', '.join(net.availability_zones)})")
@@ -372,6 +376,9 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
                 raise _problem(f"{base}.placementGroup", True,
                                "false with a capacityReservationId (a forced cluster placement group "
                                "conflicts with reserved capacity)")
+        if group.min_size != 0:  # infra-compute: the cost guard returns idle GPU groups to minSize
+            raise _problem(f"{base}.minSize", group.min_size,
+                           "0 (GPU node groups scale to zero when idle; set desiredSize for nodes at start)")
         _check_counts(base, group)
 
 

@@ -104,3 +104,41 @@ def service_trust_policy(service: str) -> dict[str, Any]:
             {"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole"]},
         ],
     }
+
+
+# Scale-to-zero Lambda (infra/scale_to_zero.py). The read-only list/describe calls below have no
+# resource-level permissions in IAM, so they take "*"; the one write, UpdateNodegroupConfig, is
+# limited to the cluster's GPU node groups.
+SCALE_TO_ZERO_NODEGROUP_ACTIONS = ("eks:DescribeNodegroup", "eks:UpdateNodegroupConfig")
+SCALE_TO_ZERO_READ_ACTIONS = ("ec2:DescribeInstances", "cloudwatch:ListMetrics", "cloudwatch:GetMetricData")
+LOG_WRITE_ACTIONS = ("logs:CreateLogStream", "logs:PutLogEvents")
+
+
+def scale_to_zero_policy(region: str, account_id: str, cluster: str, node_groups: list[str],
+                         log_group_arn: str) -> dict[str, Any]:
+    """Identity policy of the scale-to-zero Lambda."""
+    if not node_groups:
+        raise ValueError("the scale-to-zero policy needs at least one node group")
+    nodegroup_arns = [f"arn:aws:eks:{region}:{account_id}:nodegroup/{cluster}/{ng}/*" for ng in node_groups]
+    return {
+        "Version": POLICY_VERSION,
+        "Statement": [
+            _statement("ScaleGpuNodeGroups", SCALE_TO_ZERO_NODEGROUP_ACTIONS, nodegroup_arns),
+            _statement("ReadNodesAndGpuMetrics", SCALE_TO_ZERO_READ_ACTIONS, ["*"]),
+            _statement("WriteOwnLogs", LOG_WRITE_ACTIONS, [f"{log_group_arn}:*"]),
+        ],
+    }
+
+
+# EKS envelope encryption of Secrets: the cluster role uses the data-layer key (terraform-aws-eks
+# attaches the same four actions to its cluster role for cluster_encryption_config).
+CLUSTER_KMS_ACTIONS = ("kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey")
+
+
+def cluster_encryption_policy(kms_key_arn: str) -> dict[str, Any]:
+    """Identity policy letting the EKS cluster role envelope-encrypt Secrets with one key."""
+    if not isinstance(kms_key_arn, str) or not kms_key_arn.startswith("arn:aws:kms:") or "*" in kms_key_arn:
+        raise ValueError(
+            f"KMS key ARN must be a concrete ARN starting with 'arn:aws:kms:', got {kms_key_arn!r}")
+    return {"Version": POLICY_VERSION,
+            "Statement": [_statement("EncryptClusterSecrets", CLUSTER_KMS_ACTIONS, [kms_key_arn])]}

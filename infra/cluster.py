@@ -1,0 +1,235 @@
+"""The EKS control plane: cluster, its IAM role, log group and managed add-ons; the kubeconfig.
+
+- Authentication mode API with access entries (no aws-auth ConfigMap, FIELD_NOTES §7); the identity
+  running `pulumi up` gets cluster admin through the bootstrap access entry, which is what the
+  Kubernetes provider (infra/platform.py) authenticates as.
+- Secrets envelope-encrypted with the data layer's KMS key; all five control-plane log types on.
+- Endpoint private; public only from `cluster.publicAccessCidrs` (empty list: public endpoint off,
+  so `pulumi up` must then run from inside the VPC).
+- EKS Pod Identity (the eks-pod-identity-agent add-on) instead of an IRSA OIDC provider: no OIDC
+  thumbprint to track and the role trust policy can name cluster, namespace and service account.
+- Managed add-ons with pinned versions. bootstrapSelfManagedAddons is off: the same three add-ons
+  come back as managed ones, with versions we choose and that `pulumi destroy` removes in order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import iam
+
+# Control-plane log types (EKS API names): all of them, so an incident can be reconstructed.
+CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+CONTROL_PLANE_LOG_RETENTION_DAYS = 30
+
+# Pinned EKS add-on versions per Kubernetes version (checked 2025-11; verify before upgrading with
+# `aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name>`). Sources: EKS user
+# guide pages managing-vpc-cni, managing-coredns, managing-kube-proxy; cdk-eks-blueprints version maps
+# for eks-pod-identity-agent; CloudWatch user guide (install-CloudWatch-Observability-EKS-addon).
+ADDON_VERSIONS: dict[str, dict[str, str]] = {
+    "1.31": {
+        "vpc-cni": "v1.20.1-eksbuild.3",
+        "kube-proxy": "v1.31.13-eksbuild.2",
+        "coredns": "v1.11.4-eksbuild.24",
+        "eks-pod-identity-agent": "v1.3.4-eksbuild.1",
+        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
+    },
+    "1.32": {
+        "vpc-cni": "v1.20.1-eksbuild.3",
+        "kube-proxy": "v1.32.9-eksbuild.2",
+        "coredns": "v1.11.4-eksbuild.24",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
+        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
+    },
+    "1.33": {
+        "vpc-cni": "v1.20.1-eksbuild.3",
+        "kube-proxy": "v1.33.5-eksbuild.2",
+        "coredns": "v1.12.4-eksbuild.1",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
+        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
+    },
+    "1.34": {
+        "vpc-cni": "v1.20.1-eksbuild.3",
+        "kube-proxy": "v1.34.1-eksbuild.2",
+        "coredns": "v1.12.4-eksbuild.1",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
+        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
+    },
+}
+# Add-ons every node needs before it can become Ready (networking, service routing, pod credentials):
+# installed before any node group, removed after every node group.
+NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
+# Add-ons that run as Deployments and need a node to schedule on: installed after the system nodes.
+WORKLOAD_ADDONS = ("coredns", "amazon-cloudwatch-observability")
+# The CloudWatch agent's service account (set by the add-on); its role comes through Pod Identity.
+CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
+CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
+
+
+def cluster_name(stack: str) -> str:
+    """EKS cluster name of a stack (1-100 chars, letters, digits, hyphens, starting alphanumeric)."""
+    return f"ringtrain-{stack}"[:100]
+
+
+def addon_versions(kubernetes_version: str) -> dict[str, str]:
+    try:
+        return dict(ADDON_VERSIONS[kubernetes_version])
+    except KeyError:
+        raise ValueError(
+            f"no pinned add-on versions for Kubernetes {kubernetes_version}; "
+            f"known: {', '.join(ADDON_VERSIONS)}"
+        ) from None
+
+
+def render_kubeconfig(name: str, endpoint: str, ca_data: str, region: str) -> str:
+    """Kubeconfig (JSON, which is YAML) that authenticates with `aws eks get-token` (AWS CLI v2)."""
+    user = f"{name}-aws"
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
+        "current-context": name,
+        "users": [{
+            "name": user,
+            "user": {"exec": {
+                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                "command": "aws",
+                "args": ["eks", "get-token", "--cluster-name", name, "--region", region, "--output", "json"],
+                "interactiveMode": "Never",
+            }},
+        }],
+    }
+    return json.dumps(doc, indent=2)
+
+
+@dataclass
+class ClusterInputs:
+    stack: str
+    region: str
+    kubernetes_version: str
+    public_access_cidrs: Sequence[str]
+    service_cidr: str
+    subnet_ids: pulumi.Input[Sequence[str]]
+    cluster_security_group_id: pulumi.Input[str]
+    kms_key_arn: pulumi.Input[str]
+
+
+class EksCluster(pulumi.ComponentResource):
+    """Control plane, cluster role, log group, node add-ons (workload add-ons: add_workload_addons)."""
+
+    def __init__(self, name: str, args: ClusterInputs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ringtrain:compute:EksCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.name = cluster_name(args.stack)
+        self.region = args.region
+        self.versions = addon_versions(args.kubernetes_version)
+
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=json.dumps(iam.service_trust_policy("eks.amazonaws.com")),
+            description=f"EKS control plane of {self.name}",
+            opts=child,
+        )
+        attachments = [
+            aws.iam.RolePolicyAttachment(f"{name}-role-{arn.rsplit('/', 1)[-1]}", role=self.role.name,
+                                         policy_arn=arn, opts=child)
+            for arn in iam.CLUSTER_ROLE_POLICIES
+        ]
+        encryption = aws.iam.RolePolicy(
+            f"{name}-role-secrets-encryption",
+            role=self.role.id,
+            policy=pulumi.Output.from_input(args.kms_key_arn).apply(
+                lambda arn: json.dumps(iam.cluster_encryption_policy(arn))),
+            opts=child,
+        )
+        # Created before the cluster so EKS writes into a group with a retention (its own never expires).
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-logs",
+            name=f"/aws/eks/{self.name}/cluster",
+            retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS,
+            opts=child,
+        )
+        public = list(args.public_access_cidrs)
+        self.cluster = aws.eks.Cluster(
+            f"{name}-eks",
+            name=self.name,
+            version=args.kubernetes_version,
+            role_arn=self.role.arn,
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=args.subnet_ids,
+                security_group_ids=[args.cluster_security_group_id],
+                endpoint_private_access=True,
+                endpoint_public_access=bool(public),
+                public_access_cidrs=public or None,
+            ),
+            access_config=aws.eks.ClusterAccessConfigArgs(
+                authentication_mode="API",
+                bootstrap_cluster_creator_admin_permissions=True,
+            ),
+            encryption_config=aws.eks.ClusterEncryptionConfigArgs(
+                provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=args.kms_key_arn),
+                resources=["secrets"],
+            ),
+            kubernetes_network_config=aws.eks.ClusterKubernetesNetworkConfigArgs(
+                service_ipv4_cidr=args.service_cidr,
+            ),
+            enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
+            bootstrap_self_managed_addons=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, encryption, *attachments]),
+        )
+        self.arn = self.cluster.arn
+        self.endpoint = self.cluster.endpoint
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(self.cluster.name, self.cluster.endpoint,
+                              self.cluster.certificate_authority.data).apply(
+                lambda v: render_kubeconfig(v[0], v[1], v[2], args.region))
+        )
+        # Add-ons the nodes need to become Ready; node groups depend on these, so on destroy the CNI
+        # is still running while nodes drain and release their ENIs (pulumi-eks#1226).
+        self.node_addons = [self._addon(name, addon) for addon in NODE_ADDONS]
+
+        self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.endpoint})
+
+    def _addon(self, name: str, addon: str, depends_on: Sequence[pulumi.Resource] = (),
+               **extra) -> aws.eks.Addon:
+        return aws.eks.Addon(
+            f"{name}-{addon}",
+            cluster_name=self.cluster.name,
+            addon_name=addon,
+            addon_version=self.versions[addon],
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
+            **extra,
+        )
+
+    def add_workload_addons(self, name: str, system_nodes: pulumi.Resource) -> list[aws.eks.Addon]:
+        """CoreDNS and GPU/host telemetry (CloudWatch agent + DCGM exporter), once nodes exist."""
+        agent_role = aws.iam.Role(
+            f"{name}-cloudwatch-agent",
+            assume_role_policy=self.arn.apply(lambda arn: json.dumps(
+                iam.pod_identity_trust_policy(arn, CLOUDWATCH_NAMESPACE, CLOUDWATCH_SERVICE_ACCOUNT))),
+            description=f"CloudWatch agent of {self.name} (Container Insights, GPU metrics)",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        agent_policies = [
+            aws.iam.RolePolicyAttachment(f"{name}-cloudwatch-agent-{arn.rsplit('/', 1)[-1]}",
+                                         role=agent_role.name, policy_arn=arn,
+                                         opts=pulumi.ResourceOptions(parent=self))
+            for arn in iam.CLOUDWATCH_AGENT_POLICIES
+        ]
+        pod_identity_agent = self.node_addons[NODE_ADDONS.index("eks-pod-identity-agent")]
+        coredns = self._addon(name, "coredns", depends_on=[system_nodes])
+        telemetry = self._addon(
+            name, "amazon-cloudwatch-observability",
+            depends_on=[system_nodes, pod_identity_agent, *agent_policies],
+            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                role_arn=agent_role.arn, service_account=CLOUDWATCH_SERVICE_ACCOUNT)],
+        )
+        return [coredns, telemetry]

@@ -1,0 +1,156 @@
+"""Cost guard that works while nobody watches: idle scale-to-zero and a monthly budget alarm.
+
+1. Scale-to-zero: an EventBridge schedule runs infra/scale_to_zero.py (Lambda) every
+   CHECK_EVERY_MINUTES; it scales a GPU node group to zero once all its nodes' GPUs stayed below
+   `costGuard.idleGpuUtilizationPercent` for `costGuard.idleMinutes` (see that module for the rule).
+   Why a Lambda and not a CloudWatch alarm on the group's Auto Scaling group: GPU utilisation is
+   published per node (Container Insights has no node-group dimension), and a node group's CPU is a
+   poor idle signal (8 busy ranks on a 192-vCPU p5 read as ~4% CPU). The Lambda also goes through
+   the EKS API (UpdateNodegroupConfig), so EKS's view of the group never disagrees with its ASG.
+   If the guard itself fails, an alarm on its Errors metric e-mails `costGuard.notificationEmail`.
+2. Budget: AWS Budgets on the stack's cost-allocation tag (`stack=<stack>`), monthly limit
+   `costGuard.monthlyBudgetUsd`, e-mail at 80% and 100% actual and 100% forecast. The tag must be
+   activated once per account as a cost-allocation tag (Billing console or
+   `aws ce update-cost-allocation-tags-status`), otherwise the budget sees no spend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import iam
+from infra.cluster import EksCluster
+from infra.config import CostGuardConfig
+
+CHECK_EVERY_MINUTES = 5
+GRACE_MINUTES = 10  # a new node's telemetry needs a few minutes before it reports GPU utilisation
+LAMBDA_RUNTIME = "python3.12"
+LAMBDA_SOURCE = Path(__file__).with_name("scale_to_zero.py")
+LAMBDA_HANDLER = "scale_to_zero.handler"
+LOG_RETENTION_DAYS = 30
+COST_TAG_KEY = "stack"
+
+
+def budget_notifications(email: str) -> list[dict]:
+    """Budget notifications: 80% and 100% of actual spend, 100% of forecast."""
+    def note(kind: str, percent: float) -> dict:
+        return {"comparison_operator": "GREATER_THAN", "notification_type": kind, "threshold": percent,
+                "threshold_type": "PERCENTAGE", "subscriber_email_addresses": [email]}
+    return [note("ACTUAL", 80.0), note("ACTUAL", 100.0), note("FORECASTED", 100.0)]
+
+
+def budget_tag_filter(stack_tag_value: str) -> dict:
+    """Cost filter on the cost-allocation tag (user-defined tags are `user:<key>$<value>`)."""
+    return {"name": "TagKeyValue", "values": [f"user:{COST_TAG_KEY}${stack_tag_value}"]}
+
+
+def guard_environment(cluster: str, node_groups: Sequence[str], cfg: CostGuardConfig) -> dict[str, str]:
+    return {
+        "CLUSTER_NAME": cluster,
+        "NODE_GROUPS": json.dumps(list(node_groups)),
+        "IDLE_MINUTES": str(cfg.idle_minutes),
+        "IDLE_GPU_PERCENT": str(cfg.idle_gpu_utilization_percent),
+        "GRACE_MINUTES": str(GRACE_MINUTES),
+    }
+
+
+@dataclass
+class CostGuardInputs:
+    cluster: EksCluster
+    account_id: pulumi.Input[str]
+    gpu_node_groups: Sequence[str]  # EKS node group names
+    node_group_resources: Sequence[pulumi.Resource]
+    config: CostGuardConfig
+    stack_tag_value: str
+
+
+class CostGuard(pulumi.ComponentResource):
+    def __init__(self, name: str, args: CostGuardInputs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ringtrain:compute:CostGuard", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        cluster = args.cluster
+        function_name = f"{cluster.name}-scale-to-zero"[:64]
+
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-logs", name=f"/aws/lambda/{function_name}", retention_in_days=LOG_RETENTION_DAYS,
+            opts=child)
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=json.dumps(iam.service_trust_policy("lambda.amazonaws.com")),
+            description=f"scale-to-zero cost guard of {cluster.name}", opts=child)
+        self.policy = aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=self.role.id,
+            policy=pulumi.Output.all(args.account_id, self.log_group.arn).apply(
+                lambda v: json.dumps(iam.scale_to_zero_policy(
+                    cluster.region, v[0], cluster.name, list(args.gpu_node_groups), v[1]))),
+            opts=child)
+        self.function = aws.lambda_.Function(
+            f"{name}-fn",
+            name=function_name,
+            runtime=LAMBDA_RUNTIME,
+            handler=LAMBDA_HANDLER,
+            role=self.role.arn,
+            code=pulumi.AssetArchive({LAMBDA_SOURCE.name: pulumi.FileAsset(str(LAMBDA_SOURCE))}),
+            timeout=120,
+            memory_size=256,
+            # One run at a time: two overlapping checks could both act on the same group.
+            reserved_concurrent_executions=1,
+            environment=aws.lambda_.FunctionEnvironmentArgs(
+                variables=guard_environment(cluster.name, args.gpu_node_groups, args.config)),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, self.policy,
+                                                                 *args.node_group_resources]),
+        )
+        self.schedule = aws.cloudwatch.EventRule(
+            f"{name}-schedule",
+            description=f"check {cluster.name}'s GPU node groups for idleness",
+            schedule_expression=f"rate({CHECK_EVERY_MINUTES} minutes)", opts=child)
+        self.permission = aws.lambda_.Permission(
+            f"{name}-invoke",
+            action="lambda:InvokeFunction",
+            function=self.function.name,
+            principal="events.amazonaws.com",
+            source_arn=self.schedule.arn,
+            opts=child)
+        self.target = aws.cloudwatch.EventTarget(
+            f"{name}-target", rule=self.schedule.name, arn=self.function.arn,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.permission]))
+
+        # The guard failing must not go unnoticed: e-mail on any error in 15 minutes.
+        self.topic = aws.sns.Topic(f"{name}-alerts", opts=child)
+        self.subscription = aws.sns.TopicSubscription(
+            f"{name}-alerts-email", topic=self.topic.arn, protocol="email",
+            endpoint=args.config.notification_email, opts=child)
+        self.errors_alarm = aws.cloudwatch.MetricAlarm(
+            f"{name}-errors",
+            alarm_description=f"the scale-to-zero cost guard of {cluster.name} is failing",
+            namespace="AWS/Lambda",
+            metric_name="Errors",
+            dimensions={"FunctionName": self.function.name},
+            statistic="Sum",
+            period=300,
+            evaluation_periods=3,
+            threshold=1,
+            comparison_operator="GreaterThanOrEqualToThreshold",
+            treat_missing_data="notBreaching",
+            alarm_actions=[self.topic.arn], opts=child)
+
+        tag_filter = budget_tag_filter(args.stack_tag_value)
+        self.budget = aws.budgets.Budget(
+            f"{name}-budget",
+            name=f"{cluster.name}-monthly",
+            budget_type="COST",
+            time_unit="MONTHLY",
+            limit_amount=f"{args.config.monthly_budget_usd:.2f}",
+            limit_unit="USD",
+            cost_filters=[aws.budgets.BudgetCostFilterArgs(**tag_filter)],
+            notifications=[aws.budgets.BudgetNotificationArgs(**n)
+                           for n in budget_notifications(args.config.notification_email)],
+            opts=child)
+        self.register_outputs({"functionName": self.function.name})

@@ -1,0 +1,244 @@
+"""Managed node groups: the on-demand CPU system group and the GPU groups from `ringtrain:nodeGroups`.
+
+Every group gets its own launch template: IMDSv2 required, encrypted gp3 root volume, detailed
+monitoring, instance/volume/ENI tags (the cost-allocation tag must reach what is billed; the
+provider's default tags do not propagate to instances an Auto Scaling group launches).
+
+GPU groups: AL2023 NVIDIA AMI, the `nvidia.com/gpu` NoSchedule taint, and labels the platform's
+device plugins select on. EFA groups (FIELD_NOTES §1): one interface per network card laid out by
+infra/efa.py, every interface in the node and EFA security groups, a `cluster` placement group
+unless the group opts out (capacity reservations), and only the subnet of the single GPU AZ.
+Non-EFA GPU groups also stay in the GPU AZ: a ring-allreduce across AZs pays cross-AZ latency and
+$0.01/GB each way on every gradient exchange.
+
+The desired size belongs to whoever scales the group at run time (job submission, the cost guard's
+scale-to-zero): `ignore_changes=["scalingConfig.desiredSize"]`, as terraform-aws-eks does
+(FIELD_NOTES §3), so the next `pulumi up` does not undo it. Config desiredSize is the initial size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import iam
+from infra.catalog import Catalog
+from infra.cluster import EksCluster
+from infra.config import NodeGroupConfig, SystemNodesConfig
+from infra.efa import efa_interfaces
+
+GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
+CPU_AMI_TYPE = "AL2023_x86_64_STANDARD"
+ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs
+SYSTEM_ROOT_VOLUME_GIB = 50
+# Pods reach IMDS through one extra hop (the pod network namespace); 2 keeps the CloudWatch agent
+# and other node agents working. Pods get AWS credentials from Pod Identity, not from IMDS.
+IMDS_HOP_LIMIT = 2
+
+NODE_POOL_LABEL = "ringtrain.io/node-pool"
+SYSTEM_POOL = "system"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# The label AWS's EFA device-plugin examples select on (aws-ia/terraform-aws-eks-blueprints patterns).
+EFA_PRESENT_LABEL = "vpc.amazonaws.com/efa.present"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT = {"key": GPU_TAINT_KEY, "value": "true", "effect": "NO_SCHEDULE"}
+IGNORE_DESIRED_SIZE = ["scalingConfig.desiredSize"]
+
+
+def node_group_name(cluster: str, group: str) -> str:
+    """EKS node group name: <cluster>-<group> (at most 63 characters)."""
+    name = f"{cluster}-{group}"
+    if len(name) > 63:
+        raise ValueError(
+            f"node group name {name!r} is longer than 63 characters; shorten the stack or group name")
+    return name
+
+
+def gpu_node_labels(group: str, efa: bool) -> dict[str, str]:
+    labels = {NODE_POOL_LABEL: group, GPU_PRESENT_LABEL: "true"}
+    if efa:
+        labels[EFA_PRESENT_LABEL] = "true"
+    return labels
+
+
+def placement_group_wanted(group: NodeGroupConfig) -> bool:
+    return group.efa and group.placement_group
+
+
+def efa_interface_count(group: NodeGroupConfig, catalog: Catalog) -> int:
+    """EFA interfaces per node of a group (0 without EFA); config validation made them agree."""
+    return catalog[group.instance_types[0]].efa_interfaces if group.efa else 0
+
+
+def tag_specifications(tags: dict[str, str], name: str) -> list[aws.ec2.LaunchTemplateTagSpecificationArgs]:
+    tagged = {**tags, "Name": name}
+    return [aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=tagged)
+            for kind in ("instance", "volume", "network-interface")]
+
+
+@dataclass
+class NodeGroupsInputs:
+    cluster: EksCluster
+    system: SystemNodesConfig
+    groups: Sequence[NodeGroupConfig]
+    catalog: Catalog
+    private_subnet_ids: pulumi.Input[Sequence[str]]
+    gpu_subnet_ids: pulumi.Input[Sequence[str]]
+    node_security_group_id: pulumi.Input[str]
+    efa_security_group_id: pulumi.Input[str]
+    tags: dict[str, str]
+
+
+class NodeGroups(pulumi.ComponentResource):
+    """Node role, system node group, GPU node groups (launch templates, placement groups)."""
+
+    def __init__(self, name: str, args: NodeGroupsInputs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ringtrain:compute:NodeGroups", name, None, opts)
+        self._args = args
+        self._name = name
+        cluster = args.cluster
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=json.dumps(iam.service_trust_policy("ec2.amazonaws.com")),
+            description=f"EKS nodes of {cluster.name}",
+            opts=child,
+        )
+        # Access entries for this role are created by EKS itself for managed node groups (API mode).
+        self.role_attachments = [
+            aws.iam.RolePolicyAttachment(f"{name}-node-role-{arn.rsplit('/', 1)[-1]}", role=self.role.name,
+                                         policy_arn=arn, opts=child)
+            for arn in iam.NODE_ROLE_POLICIES
+        ]
+
+        system_lt = self._launch_template(
+            f"{name}-{SYSTEM_POOL}", node_group_name(cluster.name, SYSTEM_POOL), SYSTEM_ROOT_VOLUME_GIB,
+            security_group_ids=[args.node_security_group_id])
+        self.system = self._node_group(
+            SYSTEM_POOL, system_lt,
+            instance_types=[args.system.instance_type], capacity_type="ON_DEMAND", ami_type=CPU_AMI_TYPE,
+            subnet_ids=args.private_subnet_ids, labels={NODE_POOL_LABEL: SYSTEM_POOL}, taints=[],
+            counts=args.system)
+
+        self.launch_templates: dict[str, aws.ec2.LaunchTemplate] = {SYSTEM_POOL: system_lt}
+        self.placement_groups: dict[str, aws.ec2.PlacementGroup] = {}
+        self.gpu: dict[str, aws.eks.NodeGroup] = {}
+        for group in args.groups:
+            self.gpu[group.name] = self._gpu_group(group)
+
+        self.register_outputs({})
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _launch_template(self, resource_name: str, ng_name: str, root_gib: int, *,
+                         security_group_ids: Sequence[pulumi.Input[str]] | None = None,
+                         network_interfaces: list | None = None,
+                         placement: aws.ec2.LaunchTemplatePlacementArgs | None = None,
+                         reservation_id: str | None = None) -> aws.ec2.LaunchTemplate:
+        reservation = None
+        if reservation_id:
+            reservation = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                    capacity_reservation_id=reservation_id))
+        lt = aws.ec2.LaunchTemplate(
+            f"{resource_name}-lt",
+            name_prefix=f"{ng_name}-",
+            description=f"nodes of EKS node group {ng_name}",
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT),
+            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                device_name=ROOT_DEVICE,
+                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                    volume_size=root_gib, volume_type="gp3", encrypted="true", delete_on_termination="true"),
+            )],
+            # 1-minute EC2 metrics: the cost guard and operators see idle nodes sooner.
+            monitoring=aws.ec2.LaunchTemplateMonitoringArgs(enabled=True),
+            vpc_security_group_ids=security_group_ids,
+            network_interfaces=network_interfaces,
+            placement=placement,
+            capacity_reservation_specification=reservation,
+            tag_specifications=tag_specifications(self._args.tags, ng_name),
+            update_default_version=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return lt
+
+    def _node_group(self, key: str, lt: aws.ec2.LaunchTemplate, *, instance_types: list[str],
+                    capacity_type: str, ami_type: str, subnet_ids, labels: dict[str, str], taints: list[dict],
+                    counts) -> aws.eks.NodeGroup:
+        cluster = self._args.cluster
+        return aws.eks.NodeGroup(
+            f"{self._name}-{key}",
+            cluster_name=cluster.cluster.name,
+            node_group_name=node_group_name(cluster.name, key),
+            node_role_arn=self.role.arn,
+            subnet_ids=subnet_ids,
+            instance_types=instance_types,
+            capacity_type=capacity_type,
+            ami_type=ami_type,
+            labels=labels,
+            taints=[aws.eks.NodeGroupTaintArgs(**t) for t in taints],
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=counts.min_size, max_size=counts.max_size, desired_size=counts.desired_size),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=lt.id, version=lt.latest_version.apply(str)),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                # The node add-ons (CNI first) outlive every node on destroy: see infra/cluster.py.
+                depends_on=[*self.role_attachments, *cluster.node_addons],
+                ignore_changes=IGNORE_DESIRED_SIZE,
+            ),
+        )
+
+    def _gpu_group(self, group: NodeGroupConfig) -> aws.eks.NodeGroup:
+        args = self._args
+        ng_name = node_group_name(args.cluster.name, group.name)
+        resource = f"{self._name}-{group.name}"
+        placement = None
+        if placement_group_wanted(group):
+            pg = aws.ec2.PlacementGroup(
+                f"{resource}-pg", name=ng_name, strategy="cluster",
+                opts=pulumi.ResourceOptions(parent=self))
+            self.placement_groups[group.name] = pg
+            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)
+        if group.efa:
+            sgs = [args.node_security_group_id, args.efa_security_group_id]
+            interfaces = [
+                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                    network_card_index=i.network_card_index, device_index=i.device_index,
+                    interface_type=i.interface_type, security_groups=sgs, delete_on_termination="true")
+                for i in efa_interfaces(args.catalog[group.instance_types[0]].network_cards)
+            ]
+            lt = self._launch_template(resource, ng_name, group.root_volume_gib,
+                                       network_interfaces=interfaces, placement=placement,
+                                       reservation_id=group.capacity_reservation_id)
+        else:
+            lt = self._launch_template(resource, ng_name, group.root_volume_gib,
+                                       security_group_ids=[args.node_security_group_id],
+                                       reservation_id=group.capacity_reservation_id)
+        self.launch_templates[group.name] = lt
+        return self._node_group(
+            group.name, lt, instance_types=list(group.instance_types), capacity_type=group.capacity_type,
+            ami_type=GPU_AMI_TYPE, subnet_ids=args.gpu_subnet_ids,
+            labels=gpu_node_labels(group.name, group.efa),
+            taints=[GPU_TAINT], counts=group)
+
+    # -- exports ------------------------------------------------------------------------------
+
+    def export(self) -> dict[str, dict]:
+        """The `nodeGroups` stack output: name -> instance types, capacity type, EFA interfaces."""
+        return {
+            g.name: {
+                "instanceTypes": list(g.instance_types),
+                "capacityType": g.capacity_type,
+                "efaInterfaces": efa_interface_count(g, self._args.catalog),
+                "eksNodeGroupName": node_group_name(self._args.cluster.name, g.name),
+            }
+            for g in self._args.groups
+        }

@@ -1,0 +1,147 @@
+"""The Kubernetes platform on the cluster, through ONE explicit provider built from its kubeconfig.
+
+A Kubernetes resource without an explicit provider silently targets ~/.kube/config (FIELD_NOTES §7):
+every resource here is created with `opts.provider=self.provider` (tests check all of them).
+
+- NVIDIA device plugin (Helm, pinned) on GPU nodes, tolerating the GPU taint.
+- AWS EFA device plugin (Helm, pinned) on EFA nodes ONLY: it crash-loops elsewhere (FIELD_NOTES §1).
+- Kubeflow MPI Operator (release manifest pinned by version URL) for Horovod MPIJobs.
+- The training namespace and service account; its IAM role (EKS Pod Identity) may read the datasets
+  bucket and read/write the checkpoints bucket and nothing else (infra/iam.py).
+GPU telemetry (CloudWatch agent + DCGM exporter) is the amazon-cloudwatch-observability EKS add-on
+(infra/cluster.py): GPU utilisation lands in CloudWatch Container Insights, where the cost guard reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra import iam
+from infra.cluster import EksCluster
+from infra.nodegroups import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_KEY, NODE_POOL_LABEL, SYSTEM_POOL
+
+TRAINING_NAMESPACE = "training"
+TRAINING_SERVICE_ACCOUNT = "trainer"
+
+GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class HelmChart:
+    release: str
+    chart: str
+    version: str
+    repo: str
+    namespace: str
+
+
+# Chart versions pinned (sources: aws-ia/terraform-aws-eks-blueprints patterns/targeted-odcr/helm.tf,
+# eks-charts stable/aws-efa-k8s-device-plugin). Bump deliberately, never float.
+NVIDIA_DEVICE_PLUGIN = HelmChart("nvidia-device-plugin", "nvidia-device-plugin", "0.17.1",
+                                 "https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin")
+EFA_DEVICE_PLUGIN = HelmChart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.7",
+                              "https://aws.github.io/eks-charts", "kube-system")
+# Kubeflow MPI Operator v0.6.0 (kubeflow.org/v2beta1 MPIJob, the API cluster/aws/mpijob.py renders).
+MPI_OPERATOR_VERSION = "v0.6.0"
+MPI_OPERATOR_MANIFEST = (
+    f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
+)
+
+
+def nvidia_plugin_values() -> dict:
+    return {"nodeSelector": {GPU_PRESENT_LABEL: "true"}, "tolerations": [GPU_TOLERATION]}
+
+
+def efa_plugin_values() -> dict:
+    return {"nodeSelector": {EFA_PRESENT_LABEL: "true"}, "tolerations": [GPU_TOLERATION]}
+
+
+@dataclass
+class PlatformInputs:
+    cluster: EksCluster
+    datasets_bucket_arn: pulumi.Input[str]
+    checkpoints_bucket_arn: pulumi.Input[str]
+    kms_key_arn: pulumi.Input[str]
+    depends_on: Sequence[pulumi.Resource]  # nodes and add-ons the workloads need
+
+
+class Platform(pulumi.ComponentResource):
+    def __init__(self, name: str, args: PlatformInputs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ringtrain:compute:Platform", name, None, opts)
+        cluster = args.cluster
+        self.provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=cluster.kubeconfig,
+            enable_server_side_apply=True,
+            # If the cluster is already gone during a destroy, drop its objects from state instead of
+            # failing: the objects went with the cluster.
+            delete_unreachable=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=self.provider,
+                                          depends_on=list(args.depends_on))
+
+        # -- training identity ------------------------------------------------------------------
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-training-ns", metadata={"name": TRAINING_NAMESPACE}, opts=k8s_opts)
+        self.service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-trainer-sa",
+            metadata={"name": TRAINING_SERVICE_ACCOUNT, "namespace": self.namespace.metadata["name"]},
+            opts=k8s_opts)
+        self.training_role = aws.iam.Role(
+            f"{name}-training-role",
+            assume_role_policy=cluster.arn.apply(lambda arn: json.dumps(
+                iam.pod_identity_trust_policy(arn, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT))),
+            description=f"Horovod training pods of {cluster.name}: datasets read, checkpoints read/write",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.training_policy = aws.iam.RolePolicy(
+            f"{name}-training-policy",
+            role=self.training_role.id,
+            policy=pulumi.Output.all(
+                args.datasets_bucket_arn, args.checkpoints_bucket_arn, args.kms_key_arn).apply(
+                lambda v: json.dumps(iam.training_role_policy(v[0], v[1], v[2], cluster.region))),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.pod_identity = aws.eks.PodIdentityAssociation(
+            f"{name}-training-identity",
+            cluster_name=cluster.cluster.name,
+            namespace=TRAINING_NAMESPACE,
+            service_account=TRAINING_SERVICE_ACCOUNT,
+            role_arn=self.training_role.arn,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)),
+        )
+
+        # -- device plugins and the MPI operator ------------------------------------------------
+        self.nvidia_plugin = self._release(name, NVIDIA_DEVICE_PLUGIN, nvidia_plugin_values(), k8s_opts)
+        self.efa_plugin = self._release(name, EFA_DEVICE_PLUGIN, efa_plugin_values(), k8s_opts)
+        self.mpi_operator = k8s.yaml.v2.ConfigFile(
+            f"{name}-mpi-operator", file=MPI_OPERATOR_MANIFEST, opts=k8s_opts)
+
+        self.register_outputs({"trainingRoleArn": self.training_role.arn})
+
+    @staticmethod
+    def _release(name: str, chart: HelmChart, values: dict,
+                 opts: pulumi.ResourceOptions) -> k8s.helm.v3.Release:
+        return k8s.helm.v3.Release(
+            f"{name}-{chart.release}",
+            name=chart.release,
+            chart=chart.chart,
+            version=chart.version,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
+            namespace=chart.namespace,
+            create_namespace=chart.namespace != "kube-system",
+            values=values,
+            opts=opts,
+        )
+
+
+def launcher_node_selector() -> dict[str, str]:
+    """Where MPIJob launchers go: the on-demand system nodes (cluster/aws/mpijob.py LauncherNodes)."""
+    return {NODE_POOL_LABEL: SYSTEM_POOL}
