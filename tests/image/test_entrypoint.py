@@ -1,0 +1,364 @@
+"""The image entrypoint's logic on CPU: hardware facts come from fakes (a fake sysfs tree, fake
+nvidia-smi / fi_info / horovodrun / ssh-keygen on PATH); the 2-rank allreduce and the hand-over are real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.image.helpers import ENV_FILE, IMAGE_DIR, fake_executable, load_image_module
+
+ep = load_image_module("entrypoint")
+ENTRYPOINT = IMAGE_DIR / "entrypoint.py"
+
+CHECK_BUILD_CPU = """Horovod v0.28.1:
+
+Available Frameworks:
+    [ ] TensorFlow
+    [X] PyTorch
+    [ ] MXNet
+
+Available Controllers:
+    [ ] MPI
+    [X] Gloo
+
+Available Tensor Operations:
+    [ ] NCCL
+    [ ] DDL
+    [ ] CCL
+    [ ] MPI
+""" + "    [X] Gloo    \n"  # the real output ends in trailing spaces
+CHECK_BUILD_CUDA = (CHECK_BUILD_CPU.replace("[ ] MPI\n    [X] Gloo\n", "[X] MPI\n    [X] Gloo\n")
+                    .replace("[ ] NCCL", "[X] NCCL"))
+NVIDIA_SMI_2 = (
+    "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-11111111-2222-3333-4444-555555555555)\n"
+    "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-66666666-7777-8888-9999-000000000000)\n"
+)
+FI_INFO_EFA = "provider: efa\n    fabric: efa\n    domain: rdmap16s27-rdm\n    type: FI_EP_RDM\n"
+
+
+def settings(**kw):
+    base = dict(expect_gpus=None, expect_efa=None, require=ep.DEFAULT_REQUIRE, timeout_s=30.0)
+    base.update(kw)
+    return ep.Settings(**base)
+
+
+def fake_host(tmp_path: Path, *, check_build: str | None = CHECK_BUILD_CUDA, check_build_rc: int = 0,
+              nvidia_smi: str | None = None, fi_info: str | None = None, fi_info_rc: int = 0) -> ep.Host:
+    """A Host whose PATH holds only the fakes asked for; its interpreter is this test's Python."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    if check_build is not None:
+        fake_executable(bin_dir, "horovodrun", f"""
+            import sys
+            if sys.argv[1:] == ["--check-build"]:
+                sys.stdout.write({check_build!r}); sys.exit({check_build_rc})
+            sys.exit("fake horovodrun only answers --check-build")
+        """)
+    if nvidia_smi is not None:
+        fake_executable(bin_dir, "nvidia-smi", f"""
+            import sys
+            assert sys.argv[1:] == ["-L"]
+            print({nvidia_smi!r})
+        """)
+    if fi_info is not None:
+        fake_executable(bin_dir, "fi_info", f"""
+            import sys
+            assert sys.argv[1:] == ["-p", "efa", "-t", "FI_EP_RDM"], sys.argv
+            print({fi_info!r}); sys.exit({fi_info_rc})
+        """)
+    sysfs = tmp_path / "sys" / "class" / "infiniband"
+    # A "python" that has no torch, so the GPU count's fallback finds none quickly.
+    no_torch = fake_executable(bin_dir, "python-without-torch", "raise SystemExit('No module named torch')")
+    return ep.Host(env={"PATH": str(bin_dir)}, sysfs_infiniband=sysfs, python=str(no_torch))
+
+
+def make_rdma_device(sysfs: Path, name: str, driver: str) -> None:
+    """/sys/class/infiniband/<name>/device/driver -> .../drivers/<driver>, as the kernel lays it out."""
+    drivers = sysfs.parent.parent / "bus" / "pci" / "drivers" / driver
+    drivers.mkdir(parents=True, exist_ok=True)
+    device = sysfs / name / "device"
+    device.mkdir(parents=True)
+    (device / "driver").symlink_to(drivers)
+
+
+# --------------------------------------------------------------------------------------------------
+# check-build
+
+
+def test_parse_check_build_reads_sections():
+    sections = ep.parse_check_build(CHECK_BUILD_CPU)
+    assert sections["Available Frameworks"]["PyTorch"] is True
+    assert sections["Available Controllers"] == {"MPI": False, "Gloo": True}
+    assert sections["Available Tensor Operations"]["NCCL"] is False
+    assert ep.missing_from_build(sections, ep.DEFAULT_REQUIRE) == ["MPI", "NCCL"]
+    assert ep.missing_from_build(ep.parse_check_build(CHECK_BUILD_CUDA), ep.DEFAULT_REQUIRE) == []
+
+
+def test_mpi_as_tensor_operation_does_not_count_as_the_mpi_controller():
+    only_op = CHECK_BUILD_CUDA.replace("[X] MPI\n    [X] Gloo\n", "[ ] MPI\n    [X] Gloo\n", 1)
+    only_op = only_op.replace("    [ ] MPI\n    [X] Gloo    ", "    [X] MPI\n    [X] Gloo    ")
+    assert ep.missing_from_build(ep.parse_check_build(only_op), ["MPI"]) == ["MPI"]
+
+
+def test_check_build_passes_on_the_cuda_build(tmp_path):
+    r = ep.check_horovod_build(fake_host(tmp_path), settings())
+    assert r.ok and "PyTorch, Gloo, MPI, NCCL" in r.detail
+
+
+def test_check_build_names_what_the_cpu_build_lacks(tmp_path):
+    r = ep.check_horovod_build(fake_host(tmp_path, check_build=CHECK_BUILD_CPU), settings())
+    assert not r.ok and r.detail == "Horovod was built without MPI, NCCL"
+
+
+def test_check_build_fails_without_horovodrun_or_when_it_fails(tmp_path):
+    assert "not installed" in ep.check_horovod_build(fake_host(tmp_path, check_build=None), settings()).detail
+    broken = fake_host(tmp_path / "b", check_build="ImportError: libmpi.so.40", check_build_rc=1)
+    r = ep.check_horovod_build(broken, settings())
+    assert not r.ok and "exited 1" in r.detail and "libmpi" in r.detail
+
+
+# --------------------------------------------------------------------------------------------------
+# GPUs
+
+
+def test_gpu_count_from_nvidia_smi(tmp_path):
+    host = fake_host(tmp_path, nvidia_smi=NVIDIA_SMI_2)
+    assert ep.visible_gpus(host, 30) == (2, "nvidia-smi")
+    assert ep.check_gpus(2, "nvidia-smi", None).ok
+    r = ep.check_gpus(2, "nvidia-smi", 8)
+    assert not r.ok and r.detail == "2 visible (nvidia-smi), need at least 8"
+
+
+def test_no_gpu_fails_by_default_and_is_skipped_when_not_expected(tmp_path):
+    count, source = ep.visible_gpus(fake_host(tmp_path), 30)
+    assert count == 0
+    assert not ep.check_gpus(count, source, None).ok
+    skipped = ep.check_gpus(count, source, 0)
+    assert skipped.ok and skipped.skipped
+
+
+def test_allreduce_uses_nccl_only_with_two_gpus():
+    assert [ep.choose_allreduce_device(n) for n in (0, 1, 2, 8)] == ["cpu", "cpu", "cuda", "cuda"]
+
+
+# --------------------------------------------------------------------------------------------------
+# EFA
+
+
+def test_efa_devices_are_recognised_by_driver_not_name(tmp_path):
+    sysfs = tmp_path / "sys" / "class" / "infiniband"
+    make_rdma_device(sysfs, "rdmap16s27", "efa")
+    make_rdma_device(sysfs, "rdmap32s27", "efa")
+    make_rdma_device(sysfs, "mlx5_0", "mlx5_core")
+    assert ep.efa_devices(sysfs) == ["rdmap16s27", "rdmap32s27"]
+    assert ep.efa_devices(tmp_path / "absent") == []
+
+
+def test_efa_auto_without_devices_is_a_skip(tmp_path):
+    r = ep.check_efa(fake_host(tmp_path), settings())
+    assert r.ok and r.skipped
+
+
+def test_efa_devices_with_a_working_provider_pass(tmp_path):
+    host = fake_host(tmp_path, fi_info=FI_INFO_EFA)
+    make_rdma_device(host.sysfs_infiniband, "rdmap16s27", "efa")
+    r = ep.check_efa(host, settings())
+    assert r.ok and not r.skipped and "rdmap16s27" in r.detail
+    assert ep.check_efa(host, settings(expect_efa=1)).ok
+
+
+def test_efa_devices_without_the_provider_fail(tmp_path):
+    host = fake_host(tmp_path, fi_info="fi_getinfo: -61 (No data available)", fi_info_rc=61)
+    make_rdma_device(host.sysfs_infiniband, "rdmap16s27", "efa")
+    r = ep.check_efa(host, settings())
+    assert not r.ok and "efa provider is not usable" in r.detail
+
+
+def test_efa_devices_without_fi_info_fail(tmp_path):
+    host = fake_host(tmp_path)
+    make_rdma_device(host.sysfs_infiniband, "rdmap16s27", "efa")
+    assert "fi_info is not installed" in ep.check_efa(host, settings()).detail
+
+
+def test_expected_efa_count_must_be_met(tmp_path):
+    host = fake_host(tmp_path, fi_info=FI_INFO_EFA)
+    make_rdma_device(host.sysfs_infiniband, "rdmap16s27", "efa")
+    r = ep.check_efa(host, settings(expect_efa=4))
+    assert not r.ok and "1 EFA devices" in r.detail and "need 4" in r.detail
+    none = ep.check_efa(fake_host(tmp_path / "none", fi_info=FI_INFO_EFA), settings(expect_efa=1))
+    assert not none.ok
+    assert ep.check_efa(host, settings(expect_efa=0)).skipped
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration and invocation
+
+
+def test_invocations():
+    env = {}
+    assert ep.parse_invocation(["selftest"], env) == ep.Invocation("selftest", True, ())
+    assert ep.parse_invocation(["sshd"], env) == ep.Invocation("sshd", False, ())
+    assert ep.parse_invocation(["train", "--epochs", "3"], env) == \
+        ep.Invocation("train", False, ("--epochs", "3"))
+    assert ep.parse_invocation(["train", "--selftest", "--", "--selftest"], env) == \
+        ep.Invocation("train", True, ("--selftest",))
+    assert ep.parse_invocation(["train"], {"RINGTRAIN_SELFTEST": "1"}).selftest is True
+    assert ep.parse_invocation(["train", "--no-selftest"], {"RINGTRAIN_SELFTEST": "1"}).selftest is False
+    launcher = ep.parse_invocation(["launcher", "--", "horovodrun", "-np", "2"], env)
+    assert launcher.args == ("horovodrun", "-np", "2")
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        ([], {}, "no mode given"),
+        (["serve"], {}, "unknown mode 'serve'"),
+        (["launcher"], {}, "needs the command to run"),
+        (["sshd", "-p", "2222"], {}, "takes no arguments"),
+        (["train"], {"RINGTRAIN_SELFTEST": "maybe"}, "RINGTRAIN_SELFTEST='maybe': use 1 or 0"),
+    ],
+)
+def test_bad_invocations_are_refused_with_one_message(argv, env, message):
+    with pytest.raises(ep.UsageError, match=message):
+        ep.parse_invocation(argv, env)
+
+
+def test_settings_parse_and_refuse():
+    s = ep.parse_settings({"RINGTRAIN_EXPECT_GPUS": "8", "RINGTRAIN_EXPECT_EFA": "auto"})
+    assert (s.expect_gpus, s.expect_efa, s.require, s.timeout_s) == (8, None, ep.DEFAULT_REQUIRE, 180.0)
+    with pytest.raises(ep.UsageError, match="RINGTRAIN_EXPECT_GPUS='many'"):
+        ep.parse_settings({"RINGTRAIN_EXPECT_GPUS": "many"})
+    with pytest.raises(ep.UsageError, match="names Horovod; allowed: PyTorch"):
+        ep.parse_settings({"RINGTRAIN_SELFTEST_REQUIRE": "PyTorch,Horovod"})
+    with pytest.raises(ep.UsageError, match="RINGTRAIN_SELFTEST_TIMEOUT"):
+        ep.parse_settings({"RINGTRAIN_SELFTEST_TIMEOUT": "-5"})
+
+
+def test_env_file_parsing_and_defaults_never_override():
+    defaults = ep.parse_env_file(ENV_FILE.read_text())
+    assert defaults["FI_EFA_USE_HUGE_PAGE"] == "0" and defaults["OMPI_MCA_pml"] == "^ucx"
+    env = {"NCCL_SOCKET_IFNAME": "eth0"}
+    applied = ep.apply_env_defaults(env, defaults)
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0", "a value the pod sets wins"
+    assert "NCCL_SOCKET_IFNAME" not in applied and env["FI_EFA_USE_HUGE_PAGE"] == "0"
+    with pytest.raises(ep.UsageError, match="x.env:2: 'export A=1' is not KEY=VALUE"):
+        ep.parse_env_file("# c\nexport A=1\n", "x.env")
+    with pytest.raises(ep.UsageError, match="A is set twice"):
+        ep.parse_env_file("A=1\nA=2\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# The self-test as a whole and the hand-over (main with an injected exec)
+
+
+def test_failed_selftest_blocks_the_handover(tmp_path, capsys):
+    host = fake_host(tmp_path, check_build=CHECK_BUILD_CPU)
+    execs = []
+    rc = ep.main(["train", "--selftest", "--epochs", "1"], env={"RINGTRAIN_EXPECT_GPUS": "0"},
+                 exec_fn=lambda cmd, env: execs.append(cmd), host=host)
+    out = capsys.readouterr().out
+    assert rc == ep.EXIT_SELFTEST_FAILED and execs == []
+    assert "selftest: FAIL horovod check-build: Horovod was built without MPI, NCCL" in out
+    assert "selftest: FAIL allreduce: not run" in out
+    assert "selftest: FAILED" in out
+
+
+def test_train_hands_over_to_the_trainer_with_env_defaults(tmp_path):
+    execs = []
+    env = {"RINGTRAIN_ENV_FILE": str(ENV_FILE), "FI_EFA_USE_HUGE_PAGE": "1"}
+    rc = ep.main(["train", "--", "--steps", "5"], env=env,
+                 exec_fn=lambda cmd, e: execs.append((cmd, dict(e))), host=fake_host(tmp_path))
+    assert rc == 0
+    (cmd, seen_env), = execs
+    assert cmd == [fake_host(tmp_path).python, "-m", "train", "--steps", "5"]
+    assert seen_env["OPAL_PREFIX"] == "/opt/amazon/openmpi"     # default applied
+    assert seen_env["FI_EFA_USE_HUGE_PAGE"] == "1"              # the caller's value kept
+
+
+def test_bad_configuration_exits_2_with_one_line(tmp_path, capsys):
+    execs = []
+    rc = ep.main(["train", "--selftest"], env={"RINGTRAIN_EXPECT_EFA": "lots"},
+                 exec_fn=lambda cmd, env: execs.append(cmd), host=fake_host(tmp_path))
+    err = capsys.readouterr().err
+    assert rc == ep.EXIT_USAGE and execs == []
+    assert err.strip().splitlines() == [
+        "entrypoint: error: RINGTRAIN_EXPECT_EFA='lots': use 'auto' or a whole number (0 skips the check)"]
+
+
+def test_sshd_mode_checks_mounted_keys_makes_host_keys_then_execs_sshd(tmp_path, monkeypatch, capsys):
+    ssh_dir, key_dir, run_dir = tmp_path / "ssh", tmp_path / "etc-ssh", tmp_path / "run-sshd"
+    ssh_dir.mkdir()
+    key_dir.mkdir()
+    host = fake_host(tmp_path)
+    fake_executable(tmp_path / "bin", "ssh-keygen", f"""
+        import sys, pathlib
+        assert sys.argv[1:] == ["-A"]
+        pathlib.Path({str(key_dir)!r}, "ssh_host_ed25519_key").write_text("key")
+    """)
+    monkeypatch.setattr(ep, "DEFAULT_HOST_KEY_DIR", key_dir)
+    monkeypatch.setattr(ep, "SSHD_RUN_DIR", run_dir)
+    execs = []
+    env = {"RINGTRAIN_SSH_DIR": str(ssh_dir)}
+
+    rc = ep.main(["sshd"], env=env, exec_fn=lambda cmd, e: execs.append(cmd), host=host)
+    assert rc == ep.EXIT_USAGE and execs == []
+    assert "no authorized_keys in" in capsys.readouterr().err
+
+    (ssh_dir / "authorized_keys").write_text("ssh-rsa AAAA launcher\n")
+    assert ep.main(["sshd"], env=env, exec_fn=lambda cmd, e: execs.append(cmd), host=host) == 0
+    assert execs == [["/usr/sbin/sshd", "-D", "-e"]]
+    assert "generated host keys" in capsys.readouterr().out
+    assert (key_dir / "ssh_host_ed25519_key").exists() and run_dir.is_dir()
+    # Keys exist now: the next start does not regenerate them.
+    assert ep.prepare_sshd(ssh_dir, key_dir, run_dir, host) == []
+
+
+def test_launcher_really_execs_the_command_with_the_env_defaults(tmp_path):
+    """No fake exec: the entrypoint process is replaced by the command, whose exit status comes back."""
+    code = "import os, sys; print(os.environ['PMIX_MCA_gds'], os.environ['NCCL_SOCKET_IFNAME']); sys.exit(7)"
+    env = {k: v for k, v in os.environ.items() if k not in ep.parse_env_file(ENV_FILE.read_text())}
+    env["RINGTRAIN_ENV_FILE"] = str(ENV_FILE)
+    res = subprocess.run([sys.executable, str(ENTRYPOINT), "launcher", "--", sys.executable, "-c", code],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 7, res.stderr
+    assert res.stdout.strip() == "hash ^docker,lo,veth"
+
+
+def test_launcher_with_a_missing_command_says_so(tmp_path):
+    res = subprocess.run([sys.executable, str(ENTRYPOINT), "launcher", "--", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=60, env={"PATH": os.defpath})
+    assert res.returncode == 127
+    missing = tmp_path / "nope"
+    assert res.stderr.strip() == f"entrypoint: error: cannot run {missing}: No such file or directory"
+
+
+# --------------------------------------------------------------------------------------------------
+# The real thing on CPU: horovodrun, two Gloo ranks, through the entrypoint's own code path
+
+
+@pytest.mark.slow
+def test_selftest_runs_a_real_two_rank_gloo_allreduce():
+    env = dict(os.environ, RINGTRAIN_EXPECT_GPUS="0", RINGTRAIN_EXPECT_EFA="0",
+               RINGTRAIN_SELFTEST_REQUIRE="PyTorch,Gloo", RINGTRAIN_SELFTEST_TIMEOUT="120",
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', os.defpath)}")
+    res = subprocess.run([sys.executable, str(ENTRYPOINT), "selftest"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "selftest: PASS horovod check-build: built with PyTorch, Gloo" in res.stdout
+    assert "selftest: PASS allreduce (2 ranks, Gloo on CPU): both ranks got the expected sum" in res.stdout
+    assert res.stdout.strip().splitlines()[-1] == "selftest: passed (4/4 ok)"
+
+
+@pytest.mark.slow
+def test_allreduce_check_fails_when_a_rank_cannot_start(tmp_path):
+    """The same horovodrun path, with a worker that cannot run: the check reports it and nothing hangs."""
+    broken_python = fake_executable(tmp_path, "broken-python", "raise SystemExit(3)")
+    host = ep.Host(env=dict(os.environ), python=str(broken_python))
+    host.which = lambda name: str(Path(sys.executable).parent / name)  # the real horovodrun
+    r = ep.check_allreduce(host, settings(timeout_s=120), "cpu")
+    assert not r.ok and "ranks ok: []" in r.detail
