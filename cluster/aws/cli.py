@@ -1,0 +1,251 @@
+"""`python -m cluster.aws.cli plan|up|down|status|submit`: the operator's commands for an AWS stack.
+
+    plan   --stack dev [--hours 24] [--json]        offline: what the stack creates and costs (no AWS, no CLI)
+    up     --stack dev [--kubeconfig PATH]          compute on; kubeconfig written with mode 0600
+    down   --stack dev                              compute off; the data layer stays
+    down   --stack dev --delete-data [--confirm dev]  everything, data included, after a typed confirmation
+    status --stack dev [--json]                     config switches, last update, outputs (secrets hidden)
+    submit --stack dev --job-name j --hosts 2 ... [-- trainer args]   render and submit an MPIJob;
+           --dry-run prints the manifest instead (with --outputs FILE it needs no AWS at all)
+
+One training run from stand-up to teardown is `python -m cluster.cli run --backend aws --stack dev`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cluster.aws.plan import PlanError
+from cluster.backend import BackendError
+from cluster.job import JobSpec
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not make sense together."""
+
+
+def _positive_hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours") from None
+    if not value >= 0 or value > 24 * 366:
+        raise argparse.ArgumentTypeError(f"{text}: allowed are 0 .. {24 * 366} hours")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cluster.aws.cli", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_stack(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--stack", required=True, help="the Pulumi stack (Pulumi.<stack>.yaml), e.g. dev")
+        return sp
+
+    plan = with_stack(sub.add_parser("plan", help="offline: resources and cost of a stack (no AWS, no CLI)"))
+    plan.add_argument("--hours", type=_positive_hours, default=24.0,
+                      help="length of a run at full scale to price (default 24)")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+
+    up = with_stack(sub.add_parser("up", help="stand the stack's compute up (Pulumi CLI + AWS credentials)"))
+    up.add_argument("--kubeconfig", type=Path,
+                    help="where to write the kubeconfig (default ~/.kube/ringtrain-<stack>.yaml)")
+
+    down = with_stack(sub.add_parser("down", help="remove the compute; the data layer stays"))
+    down.add_argument("--delete-data", action="store_true",
+                      help="remove EVERYTHING including buckets, images and the KMS key "
+                           "(asks for the stack name)")
+    down.add_argument("--confirm", metavar="STACK",
+                      help="with --delete-data: the stack name, for non-interactive use")
+
+    status = with_stack(sub.add_parser("status", help="the stack's switches, last update and outputs"))
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    submit = with_stack(sub.add_parser("submit", help="render the job as an MPIJob and submit it"))
+    submit.add_argument("--job-name", required=True, help="lower-case letters, digits and '-'")
+    submit.add_argument("--hosts", type=int, default=1, help="worker nodes (default 1)")
+    submit.add_argument("--slots-per-host", type=int, default=None,
+                        help="processes (GPUs) per node (default: every GPU of the node type)")
+    submit.add_argument("--elastic", action="store_true",
+                        help="elastic Horovod via the operator's discovery script")
+    submit.add_argument("--min-hosts", type=int, default=None, help="elastic: fewest hosts to keep training")
+    submit.add_argument("--node-group", help="GPU node group (default: the stack's only one)")
+    submit.add_argument("--dataset", help="dataset name under s3://<datasets>/datasets/ (default: job name)")
+    submit.add_argument("--image", help="full image reference (default <ecrRepositoryUrl>:<image/VERSION>)")
+    submit.add_argument("--outputs", type=Path,
+                        help="stack outputs as JSON (`pulumi stack output --json --show-secrets`) instead of "
+                             "asking Pulumi; with --dry-run nothing else is needed")
+    submit.add_argument("--dry-run", action="store_true", help="print the MPIJob manifest (JSON) and stop")
+    submit.add_argument("--follow", action="store_true",
+                        help="stream the launcher's output and wait for the end")
+    submit.add_argument("trainer_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from cluster.aws.plan import offline_plan, plan_to_json, plan_to_table
+
+    plan = offline_plan(a.stack, a.hours)
+    print(plan_to_json(plan) if a.json else plan_to_table(plan))
+    return 0
+
+
+def cmd_up(a: argparse.Namespace) -> int:
+    from cluster.aws.stack import (
+        AutomationStack,
+        default_kubeconfig_path,
+        require_aws_credentials,
+        require_pulumi_cli,
+        stack_up,
+        write_kubeconfig,
+    )
+
+    require_pulumi_cli()
+    require_aws_credentials()
+    outputs = stack_up(AutomationStack(a.stack))
+    path = write_kubeconfig(outputs, a.kubeconfig or default_kubeconfig_path(a.stack), stack=a.stack)
+    print(f"stack {a.stack} is up; kubeconfig written to {path} (mode 0600): export KUBECONFIG={path}")
+    return 0
+
+
+def cmd_down(a: argparse.Namespace) -> int:
+    from cluster.aws.stack import (
+        AutomationStack,
+        delete_data,
+        require_aws_credentials,
+        require_pulumi_cli,
+        stack_down,
+    )
+
+    if a.confirm is not None and not a.delete_data:
+        raise UsageError("--confirm: only with --delete-data")
+    require_pulumi_cli()
+    require_aws_credentials()
+    if a.delete_data:
+        ask = input if sys.stdin.isatty() else None
+        ops = AutomationStack(a.stack, create=False)
+        delete_data(ops, confirm=a.confirm, ask=ask)
+        print(f"stack {a.stack}: everything deleted, data layer included")
+    else:
+        stack_down(AutomationStack(a.stack, create=False))
+        print(f"stack {a.stack}: compute removed; datasets, checkpoints and images kept")
+    return 0
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    from cluster.aws.stack import AutomationStack, stack_status
+
+    status = stack_status(AutomationStack(a.stack, create=False))
+    if a.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    print(f"stack {status['stack']}: compute={status['compute']} dataProtection={status['dataProtection']}")
+    last = status["lastUpdate"]
+    print("last update: " + (f"{last['kind']} {last['result']} at {last['end']}" if last else "never"))
+    for key, value in status["outputs"].items():
+        print(f"  {key}: {json.dumps(value) if not isinstance(value, str) else value}")
+    return 0
+
+
+def job_from_args(a: argparse.Namespace, gpus_per_node: int | None) -> JobSpec:
+    extra = list(a.trainer_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    elif extra:
+        raise UsageError(f"unexpected arguments {' '.join(extra)!r}: trainer arguments go after `--`")
+    if a.min_hosts is not None and not a.elastic:
+        raise UsageError("--min-hosts: only with --elastic")
+    slots = a.slots_per_host if a.slots_per_host is not None else (gpus_per_node or 1)
+    try:
+        return JobSpec(name=a.job_name, num_hosts=a.hosts, slots_per_host=slots, elastic=a.elastic,
+                       min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer_args=tuple(extra))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+class _OutputsFile:
+    """StackOps reading outputs from a JSON file (`pulumi stack output --json --show-secrets`)."""
+
+    def __init__(self, stack: str, path: Path):
+        self.name = stack
+        try:
+            self._outputs = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"--outputs {path}: no such file") from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--outputs {path}: not JSON ({e})") from None
+        if not isinstance(self._outputs, dict):
+            raise UsageError(f"--outputs {path}: expected a JSON object of stack outputs")
+
+    def outputs(self) -> dict:
+        return dict(self._outputs)
+
+    def _no(self, *args, **kwargs):
+        raise UsageError("--outputs gives stack outputs only; drop it to change the stack")
+
+    set_config = get_config = up = destroy = last_update = _no
+
+
+def cmd_submit(a: argparse.Namespace) -> int:
+    from cluster.aws.backend import AwsBackend
+    from cluster.aws.stack import AutomationStack
+    from infra.catalog import load_catalog
+
+    factory = (lambda s: _OutputsFile(s, a.outputs)) if a.outputs else \
+        (lambda s: AutomationStack(s, create=False))
+    backend = AwsBackend(stack=a.stack, node_group=a.node_group, dataset=a.dataset, image=a.image,
+                         ops_factory=factory)
+    group = backend.outputs().node_group(a.node_group)
+    catalog = load_catalog()
+    gpus = catalog[group.instance_types[0]].gpus if group.instance_types[0] in catalog else None
+    job = job_from_args(a, gpus)
+    if a.dry_run:
+        print(json.dumps(backend.render(job), indent=2))
+        return 0
+    handle = backend.submit(job)
+    print(f"submitted MPIJob {handle.details['namespace']}/{job.name}")
+    if not a.follow:
+        print(f"follow it with: kubectl --kubeconfig {backend.kubeconfig} logs -f -n "
+              f"{handle.details['namespace']} job/{job.name}-launcher")
+        return 0
+    for line in backend.logs(handle):
+        print(line, flush=True)
+    result = backend.wait(handle)
+    print(f"job {job.name}: {'succeeded' if result.succeeded else 'FAILED'} (exit code {result.exit_code})"
+          + (f": {result.message}" if result.message else ""))
+    return 0 if result.succeeded else EXIT_FAILED
+
+
+COMMANDS = {"plan": cmd_plan, "up": cmd_up, "down": cmd_down, "status": cmd_status, "submit": cmd_submit}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return COMMANDS[a.command](a)
+    except UsageError as e:
+        parser.exit(EXIT_USAGE, f"{a.command}: error: {e}\n")
+    except (BackendError, PlanError) as e:
+        print(f"{a.command}: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{a.command}: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

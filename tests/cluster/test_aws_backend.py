@@ -1,0 +1,253 @@
+"""AwsBackend against the stack's real exports (the program run offline), EKS scaling against a moto
+server on loopback, and the run flow's guaranteed teardown on failure and Ctrl-C.
+
+The parts that need a live EKS cluster (kubectl apply, logs, MPIJob status) skip visibly here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import boto3
+import pytest
+
+from cluster.aws.backend import AwsBackend, check_fits_group, nodes_needed
+from cluster.aws.kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
+from cluster.aws.outputs import OutputsError, parse_outputs
+from cluster.backend import BackendError
+from cluster.flow import FlowInterrupted, FlowOptions, run_job
+from cluster.job import JobSpec
+from cluster.local.objectstore import LOCAL_CREDENTIALS
+
+
+@pytest.fixture(scope="module")
+def dev_exports():
+    """What `pulumi stack output` would give for the dev stack: the program's exports under mocks."""
+    from infra.offline import run_program
+
+    return run_program("dev").exports
+
+
+class RecordingStack:
+    def __init__(self, name, outputs):
+        self.name = name
+        self.calls = []
+        self.config = {}
+        self._outputs = dict(outputs)
+
+    def set_config(self, key, value):
+        self.config[key] = value
+
+    def get_config(self, key):
+        return self.config.get(key)
+
+    def up(self):
+        self.calls.append(("up", dict(self.config)))
+
+    def destroy(self):
+        self.calls.append(("destroy", dict(self.config)))
+
+    def outputs(self):
+        if self.config.get("ringtrain:compute") != "false":
+            return dict(self._outputs)
+        data = ("datasetsBucket", "checkpointsBucket", "ecrRepositoryUrl")
+        return {k: v for k, v in self._outputs.items() if k in data}
+
+    def last_update(self):
+        return None
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """Credentials boto3 finds, no real AWS reachable (IMDS off, config files empty)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+
+
+def backend_for(exports, tmp_path, **kw):
+    ops = RecordingStack("dev", exports)
+    backend = AwsBackend("dev", kubeconfig=tmp_path / "kubeconfig", ops_factory=lambda s: ops,
+                         log=lambda m: None, **kw)
+    return backend, ops
+
+
+def test_the_stack_exports_parse_into_outputs(dev_exports):
+    out = parse_outputs("dev", dev_exports)
+    assert out.has_compute and out.cluster_name == dev_exports["clusterName"]
+    assert (out.training_namespace, out.training_service_account) == ("training", "trainer")
+    groups = {g.name: g for g in out.node_groups}
+    assert set(groups) == {"a10g-spot", "l4-spot"}
+    assert groups["a10g-spot"].instance_types == ("g5.12xlarge", "g5.24xlarge")
+    assert groups["a10g-spot"].eks_name == "ringtrain-dev-a10g-spot"
+    with pytest.raises(OutputsError, match="several GPU node groups \\(a10g-spot, l4-spot\\): name one"):
+        out.node_group(None)
+    with pytest.raises(OutputsError, match="'h100' is not in stack 'dev': allowed are a10g-spot, l4-spot"):
+        out.node_group("h100")
+    data_only = {k: dev_exports[k] for k in ("datasetsBucket", "checkpointsBucket", "ecrRepositoryUrl")}
+    with pytest.raises(OutputsError, match="no compute outputs .* run `scripts/up --stack dev` first"):
+        parse_outputs("dev", data_only).node_group("a10g-spot")
+    with pytest.raises(OutputsError, match="lacks the outputs datasetsBucket"):
+        parse_outputs("dev", {})
+
+
+def test_render_uses_the_stack_outputs_and_image_version(dev_exports, tmp_path):
+    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot", dataset="cifar")
+    job = JobSpec(name="r1", num_hosts=2, slots_per_host=4)
+    manifest = backend.render(job)
+    version = (backend.repo_root / "image" / "VERSION").read_text().strip()
+    worker = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    (container,) = worker["containers"]
+    assert container["image"] == f"{dev_exports['ecrRepositoryUrl']}:{version}"
+    assert worker["serviceAccountName"] == "trainer" and manifest["metadata"]["namespace"] == "training"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4  # g5.12xlarge / g5.24xlarge: 4 GPUs
+    cmd = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--data") + 1] == "s3://acme-ringtrain-dev-datasets/datasets/cifar"
+    assert cmd[cmd.index("--checkpoint-dir") + 1] == "s3://acme-ringtrain-dev-checkpoints/checkpoints/r1"
+    storage = backend.storage("r1")
+    assert (storage.dataset_uri, storage.env) == ("s3://acme-ringtrain-dev-datasets/datasets/cifar", {})
+
+
+def test_up_turns_compute_on_and_writes_the_kubeconfig_0600(dev_exports, tmp_path, aws_env):
+    backend, ops = backend_for(dev_exports, tmp_path)
+    backend.up()
+    assert ops.calls == [("up", {"ringtrain:compute": "true"})]
+    mode = stat.S_IMODE(os.stat(tmp_path / "kubeconfig").st_mode)
+    assert mode == 0o600
+    assert (tmp_path / "kubeconfig").read_text() == dev_exports["kubeconfig"]
+    backend.down()
+    backend.down()  # safe twice
+    assert ops.calls[1:] == [("up", {"ringtrain:compute": "false"})] * 2
+
+
+def test_down_without_reaching_the_stack_touches_nothing(dev_exports, tmp_path):
+    def unreachable(stack):
+        raise AssertionError("down() must not create a stack session it never had")
+
+    AwsBackend("dev", ops_factory=unreachable).down()
+
+
+def test_job_size_rules():
+    assert nodes_needed(JobSpec(name="a", num_hosts=4)) == 4
+    assert nodes_needed(JobSpec(name="a", num_hosts=4, elastic=True, min_hosts=2)) == 2
+    out = parse_outputs("s", {"datasetsBucket": "d", "checkpointsBucket": "c", "ecrRepositoryUrl": "e",
+                              "clusterName": "k", "trainingNamespace": "n", "trainingServiceAccount": "t",
+                              "nodeGroups": {"g": {"instanceTypes": ["g5.12xlarge"], "capacityType": "SPOT",
+                                                   "efaInterfaces": 0}}})
+    with pytest.raises(BackendError, match="5 hosts but node group 'g' has maxSize 4: allowed are 1..4"):
+        check_fits_group(JobSpec(name="a", num_hosts=5), out.node_group("g"), 4)
+
+
+def test_kubectl_json_is_read_correctly():
+    cond = lambda t, s="True", m="": {"type": t, "status": s, "message": m}  # noqa: E731
+    assert mpijob_state({}) == ("Pending", "")
+    def state(*conditions):
+        return mpijob_state({"status": {"conditions": list(conditions)}})
+
+    assert state(cond("Created"), cond("Running", m="up")) == ("Running", "up")
+    assert state(cond("Running", "False"), cond("Succeeded", m="done")) == ("Succeeded", "done")
+    assert state(cond("Failed", m="backoff")) == ("Failed", "backoff")
+    node = lambda ready, unsched=False: {"spec": {"unschedulable": unsched},  # noqa: E731
+                                         "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+    nodes = [node("True"), node("False"), node("True", unsched=True), node("True")]
+    assert ready_nodes({"items": nodes}) == 2
+    term = lambda code, at: {"status": {"containerStatuses": [  # noqa: E731
+        {"state": {"terminated": {"exitCode": code, "finishedAt": at}}}]}}
+    assert launcher_exit_code({"items": []}) is None
+    pods = [term(75, "2026-01-01T00:00:01Z"), term(0, "2026-01-01T00:00:09Z")]
+    assert launcher_exit_code({"items": pods}) == 0  # the latest attempt counts
+
+
+def test_kubectl_missing_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BackendError, match=r"`kubectl` is not on PATH: install kubectl"):
+        Kubectl(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def moto_aws(object_store, aws_env, monkeypatch, dev_exports):
+    """boto3 (S3 and EKS) pointed at the session's moto server on loopback, with the dev stack's cluster,
+    node group and buckets in it."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", object_store.endpoint_url)
+    eks = boto3.client("eks")
+    cluster = dev_exports["clusterName"]
+    if cluster not in eks.list_clusters()["clusters"]:
+        eks.create_cluster(name=cluster, roleArn="arn:aws:iam::123456789012:role/eks",
+                           resourcesVpcConfig={"subnetIds": ["subnet-1", "subnet-2"]})
+        eks.create_nodegroup(clusterName=cluster, nodegroupName="ringtrain-dev-a10g-spot",
+                             nodeRole="arn:aws:iam::123456789012:role/node", subnets=["subnet-1"],
+                             scalingConfig={"minSize": 0, "maxSize": 4, "desiredSize": 0})
+    else:
+        eks.update_nodegroup_config(clusterName=cluster, nodegroupName="ringtrain-dev-a10g-spot",
+                                    scalingConfig={"desiredSize": 0})
+    s3 = boto3.client("s3")
+    for bucket in (dev_exports["datasetsBucket"], dev_exports["checkpointsBucket"]):
+        if bucket not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+            s3.create_bucket(Bucket=bucket)
+    return eks
+
+
+def _desired(eks, cluster):
+    return eks.describe_nodegroup(clusterName=cluster, nodegroupName="ringtrain-dev-a10g-spot")[
+        "nodegroup"]["scalingConfig"]["desiredSize"]
+
+
+def test_run_flow_scales_then_tears_down_when_the_cluster_is_unreachable(dev_exports, tmp_path, moto_aws,
+                                                                         monkeypatch):
+    """`run --backend aws`: up, dataset, scale the node group (EKS API), then kubectl is missing: the run
+    fails with that message and the compute is taken down anyway."""
+    monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                               if not (shutil.which("kubectl", path=p))))
+    backend, ops = backend_for(dev_exports, tmp_path, node_group="a10g-spot", dataset="flow-ds")
+    boto3.client("s3").put_object(Bucket=dev_exports["datasetsBucket"], Key="datasets/flow-ds/index.json",
+                                  Body=b"{}")
+    job = JobSpec(name="flow1", num_hosts=2, slots_per_host=4, trainer_args=("--steps", "5"))
+    lines = []
+    with pytest.raises(BackendError, match="`kubectl` is not on PATH"):
+        run_job(backend, job, FlowOptions(progress_bar=False), out=lines.append)
+    assert _desired(moto_aws, dev_exports["clusterName"]) == 2
+    assert ops.calls[0] == ("up", {"ringtrain:compute": "true"})
+    assert ops.calls[-1] == ("up", {"ringtrain:compute": "false"})  # teardown ran
+
+
+def test_run_flow_tears_down_on_ctrl_c(dev_exports, tmp_path, moto_aws):
+    def interrupted(kubeconfig):
+        raise KeyboardInterrupt  # Ctrl-C while waiting for the GPU nodes
+
+    backend, ops = backend_for(dev_exports, tmp_path, node_group="a10g-spot", dataset="flow-ds",
+                               kubectl_factory=interrupted)
+    boto3.client("s3").put_object(Bucket=dev_exports["datasetsBucket"], Key="datasets/flow-ds/index.json",
+                                  Body=b"{}")
+    with pytest.raises(FlowInterrupted):
+        run_job(backend, JobSpec(name="flow2", num_hosts=1, slots_per_host=4),
+                FlowOptions(progress_bar=False), out=lambda m: None)
+    assert ops.calls[-1] == ("up", {"ringtrain:compute": "false"})
+
+
+def test_submit_refuses_more_hosts_than_the_group_allows_before_touching_the_cluster(
+        dev_exports, tmp_path, moto_aws):
+    def no_cluster(kubeconfig):
+        raise AssertionError("the cluster must not be touched")
+
+    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot", kubectl_factory=no_cluster)
+    with pytest.raises(BackendError, match="needs 5 hosts but node group 'a10g-spot' has maxSize 4"):
+        backend.submit(JobSpec(name="big", num_hosts=5, slots_per_host=4))
+    assert _desired(moto_aws, dev_exports["clusterName"]) == 0
+
+
+def test_submit_logs_wait_on_a_live_cluster():
+    if shutil.which("kubectl") is None or not os.environ.get("RINGTRAIN_AWS_STACK"):
+        pytest.skip("needs a live EKS stack: kubectl on PATH, AWS credentials and "
+                    "RINGTRAIN_AWS_STACK=<stack> (submits a 1-host job to it)")
+    stack = os.environ["RINGTRAIN_AWS_STACK"]
+    backend = AwsBackend(stack)
+    job = JobSpec(name="ringtrain-smoke", num_hosts=1, trainer_args=("--steps", "20"))
+    handle = backend.submit(job)
+    lines = list(backend.logs(handle))
+    result = backend.wait(handle, timeout_s=1800)
+    assert result.succeeded, (result.message, lines[-20:])
+    assert result.summary.get("steps") == 20
