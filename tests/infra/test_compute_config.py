@@ -1,0 +1,70 @@
+"""Bad compute config fails the whole program with ONE clear message, before any resource exists."""
+
+from __future__ import annotations
+
+import copy
+
+import pulumi
+import pytest
+
+from tests.infra.harness import run_program, stack_config
+
+GPU_GROUP = {
+    "name": "gpu", "instanceTypes": ["g5.12xlarge"], "capacityType": "ON_DEMAND",
+    "minSize": 0, "maxSize": 2, "desiredSize": 0, "efa": False, "placementGroup": False, "rootVolumeGiB": 200,
+}
+
+
+def dev_with(**changes) -> dict:
+    cfg = copy.deepcopy(stack_config("dev"))
+    for key, value in changes.items():
+        cfg[f"ringtrain:{key}"] = value
+    return cfg
+
+
+def group(**changes) -> dict:
+    return {**GPU_GROUP, **changes}
+
+
+def fails_with(cfg: dict) -> str:
+    with pytest.raises(pulumi.RunError) as info:
+        run_program("dev", config=cfg)
+    message = str(info.value)
+    assert "Traceback" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        pytest.param(
+            {"nodeGroups": [group(instanceTypes=["g6e.12xlarge"], efa=True)]},
+            "ringtrain:nodeGroups[0].instanceTypes[0]: \"g6e.12xlarge\" is invalid: "
+            "an EFA-capable type while efa is true",
+            id="efa-on-a-type-without-efa"),
+        pytest.param(
+            {"nodeGroups": [group(capacityType="SPOT", instanceTypes=["g5.12xlarge", "g5.48xlarge"])]},
+            "ringtrain:nodeGroups[0].instanceTypes[1]: \"g5.48xlarge\" is invalid: a type with 4 GPUs like "
+            "g5.12xlarge (one group, one GPU count)",
+            id="spot-group-mixing-gpu-counts"),
+        pytest.param(
+            {"costGuard": {"idleMinutes": 0, "idleGpuUtilizationPercent": 5, "monthlyBudgetUsd": 500,
+                           "notificationEmail": "ops@example.com"}},
+            "ringtrain:costGuard.idleMinutes: 0 is invalid: an integer 1..1440",
+            id="idle-timeout-zero"),
+        pytest.param(
+            {"nodeGroups": [group(minSize=1, desiredSize=1)]},
+            "ringtrain:nodeGroups[0].minSize: 1 is invalid: 0 (GPU node groups scale to zero when idle",
+            id="gpu-group-that-cannot-scale-to-zero"),
+    ],
+)
+def test_bad_compute_config_is_one_clear_error(changes, expected):
+    message = fails_with(dev_with(**changes))
+    assert expected in message
+
+
+def test_a_good_variant_of_the_same_config_runs():
+    # The failing cases above differ from this one only in the value under test.
+    result = run_program("dev", config=dev_with(nodeGroups=[group(instanceTypes=["g5.12xlarge"], efa=True)]))
+    (lt,) = [r for r in result.of_type("aws:ec2/launchTemplate:LaunchTemplate") if r.name == "nodes-gpu-lt"]
+    assert len(lt.inputs["networkInterfaces"]) == 1  # g5.12xlarge: one card, one EFA interface
