@@ -72,6 +72,11 @@ def pin_mismatches(dockerfile: str, pyproject: str, setup: str, build_horovod: s
     deps = dict(d.split("==", 1) for d in project["project"]["dependencies"])
     problems = []
 
+    # An ARG redeclared in another stage must keep its value (the stages would otherwise disagree).
+    for name, value in re.findall(r"^ARG\s+(\w+)=(\"[^\"]*\"|\S+)", dockerfile, re.MULTILINE):
+        if value.strip('"') != args[name]:
+            problems.append(f"{name}: the Dockerfile declares both {args[name]} and {value}")
+
     def differ(what: str, image_value: str | None, other_value: str | None, where: str) -> None:
         if image_value != other_value:
             problems.append(f"{what}: Dockerfile has {image_value}, {where} has {other_value}")
@@ -133,6 +138,7 @@ def test_dockerfile_pins_agree_with_pyproject_lock_and_setup():
     [
         ("ARG TORCH_VERSION=2.13.0", "ARG TORCH_VERSION=2.12.0", "torch"),
         ("ARG HOROVOD_VERSION=0.28.1", "ARG HOROVOD_VERSION=0.28.0", "horovod"),
+        ("3.11\nARG IMAGE_VERSION", "3.12\nARG IMAGE_VERSION", "PYTHON_VERSION"),  # runtime stage only
         ("ARG PYTHON_VERSION=3.11", "ARG PYTHON_VERSION=3.12", "python"),
         ('"pip==25.3"', '"pip==24.0"', "pip"),
         ("whl/cu126", "whl/cu128", "torch index"),
