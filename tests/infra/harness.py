@@ -88,6 +88,8 @@ class CapturedResource:
     dependencies: list[str] = field(default_factory=list)
     ignore_changes: list[str] = field(default_factory=list)
     providers: dict[str, str] = field(default_factory=dict)  # component `providers=` map
+    # Added by infra-compute: node groups with fixed names must be replaced delete-first.
+    delete_before_replace: bool = False
 
     @property
     def provider_urn(self) -> str:
@@ -326,6 +328,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             dependencies=list(request.dependencies),
             ignore_changes=list(request.ignoreChanges),
             providers=dict(request.providers),
+            delete_before_replace=bool(request.deleteBeforeReplace),
         )
         with self._lock:
             self.captured[urn] = captured
