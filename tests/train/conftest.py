@@ -66,12 +66,17 @@ def train_workers(proc: subprocess.Popen) -> list[psutil.Process]:
     return out
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None,
+             interval: float = 0.05):
+    """Poll `predicate` until truthy; fail early (with the run's output) if `proc` ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read()[-4000:]
+            raise AssertionError(f"run ended (code {proc.returncode}) before {what}:\n{out}")
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 

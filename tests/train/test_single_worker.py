@@ -1,0 +1,110 @@
+"""`python -m train` as one real process (Horovod size 1): knobs, exit codes, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+from cluster.local.objectstore import LOCAL_CREDENTIALS
+from tests.train.conftest import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
+from train import checkpoint as ckpt
+from train.metrics import parse_summary
+from train.storage import open_store
+
+
+def test_horovod_knobs_mixed_precision_and_metrics(tmp_path, local_dataset):
+    metrics = tmp_path / "m.jsonl"
+    r = run(train_cmd("--data", str(local_dataset), "--steps", "40", "--lr", "0.05", "--precision", "bf16",
+                      "--compression", "fp16", "--backward-passes-per-step", "2", "--clip-grad-norm", "1.0",
+                      "--warmup-steps", "4", "--log-every", "10", "--fusion-threshold-mb", "8",
+                      "--cycle-time-ms", "2", "--metrics-file", str(metrics)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = parse_summary(r.stdout)
+    assert s["steps"] == 40 and s["world_size"] == 1 and s["interrupted"] is False
+    assert s["resumed_from_step"] is None and s["checkpoints_written"] == 0 and s["elastic_resets"] == 0
+    assert s["final_loss"] < 0.6 * s["initial_loss"], s
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [rec["step"] for rec in records] == [10, 20, 30, 40]
+    assert set(records[0]) >= {"step", "loss", "samples_per_sec", "lr", "world_size"}
+    # lr x 1 worker x 2 backward passes after warmup
+    assert records[-1]["lr"] == pytest.approx(0.1) and records[-1]["world_size"] == 1
+    assert records[-1]["loss"] < records[0]["loss"]
+
+
+def test_fp16_with_grad_scaler_on_cnn(tmp_path, local_dataset):
+    r = run(train_cmd("--data", str(local_dataset), "--model", "cnn", "--width", "4", "--steps", "6",
+                      "--precision", "fp16", "--checkpoint-dir", str(tmp_path / "ck")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    state = ckpt.CheckpointStore(open_store(str(tmp_path / "ck")), keep=3).latest_valid().state
+    assert state["scaler"]["scale"] > 0  # the GradScaler's state travels with the checkpoint
+
+
+def test_sigterm_checkpoints_exits_75_and_resume_continues(tmp_path, local_dataset):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    args = ("--data", str(local_dataset), "--log-every", "1", "--checkpoint-dir", str(ck),
+            "--metrics-file", str(metrics))
+    proc = start(train_cmd(*args, "--steps", "400"), env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.02"}))
+    wait_for(lambda: len(metrics_steps(metrics)) >= 5, 60, "5 steps", proc)
+    proc.send_signal(signal.SIGTERM)
+    out = finish(proc)
+    assert proc.returncode == 75, out[-3000:]
+    s = parse_summary(out)
+    assert s["interrupted"] is True and 5 <= s["steps"] < 400 and s["checkpoints_written"] == 1
+    stopped_at = s["steps"]
+    assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [stopped_at]
+
+    r = run(train_cmd(*args, "--steps", str(stopped_at + 3)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s2 = parse_summary(r.stdout)
+    assert s2["resumed_from_step"] == stopped_at and s2["steps"] == stopped_at + 3 and not s2["interrupted"]
+
+
+def test_corrupt_newest_checkpoint_is_skipped_on_start(tmp_path, local_dataset):
+    ck = tmp_path / "ck"
+    base = ("--data", str(local_dataset), "--checkpoint-dir", str(ck), "--checkpoint-every", "5")
+    assert run(train_cmd(*base, "--steps", "10")).returncode == 0
+    (ck / "step-000000010" / "state.pt").write_bytes(b"not a checkpoint")
+    r = run(train_cmd(*base, "--steps", "12"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert parse_summary(r.stdout)["resumed_from_step"] == 5
+    assert "skipping checkpoint" in r.stderr and "step-000000010: state.pt fails its sha256 check" in r.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--data", "/nonexistent/ringtrain-data"], "train: error: /nonexistent/ringtrain-data: no such dir"),
+    (["--steps", "-3"], "train: error: --steps -3: must be >= 1"),
+    (["--data", "s3://bucket/ds", "--s3-endpoint-url", "http://127.0.0.1:9"], "cannot reach the S3 endpoint"),
+])
+def test_bad_input_is_one_message_and_exit_2(args, says):
+    r = run(train_cmd(*args), timeout=60, env=worker_env(LOCAL_CREDENTIALS))
+    assert r.returncode == 2
+    assert says in r.stderr and r.stderr.count("train: error:") == 1
+    assert "Traceback" not in r.stderr and "RINGTRAIN_SUMMARY" not in r.stdout
+
+
+def test_tensorboard_event_files_or_a_clear_error(tmp_path):
+    r = run(train_cmd("--steps", "3", "--log-every", "1", "--tensorboard-dir", str(tmp_path / "tb")))
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert r.returncode == 2 and "--tensorboard-dir needs the 'tensorboard' package" in r.stderr
+        pytest.skip("tensorboard is not installed: checked the clear error instead of event files")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_checkpoint_holds_the_whole_state_and_must_fit_the_model(tmp_path):
+    ck = str(tmp_path / "ck")
+    r = run(train_cmd("--steps", "3", "--dropout", "0.2", "--width", "8", "--checkpoint-dir", ck))
+    assert r.returncode == 0, r.stderr[-3000:]
+    state = ckpt.CheckpointStore(open_store(ck), keep=3).latest_valid().state
+    assert set(state) >= {"model", "optimizer", "scaler", "sampler", "rng", "step", "world_size"}
+    assert state["step"] == 3 and len(state["rng"]) == 1
+    assert isinstance(state["rng"][0]["torch"], torch.Tensor)
+    assert state["optimizer"]["state"]  # momentum buffers
+    r = run(train_cmd("--steps", "4", "--checkpoint-dir", ck, "--width", "16"))
+    assert r.returncode == 2 and "does not fit this model/optimizer" in r.stderr
+    assert "Traceback" not in r.stderr
