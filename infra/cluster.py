@@ -69,6 +69,7 @@ WORKLOAD_ADDONS = ("coredns", "amazon-cloudwatch-observability")
 # The CloudWatch agent's service account (set by the add-on); its role comes through Pod Identity.
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 
 
 def cluster_name(stack: str) -> str:
@@ -118,6 +119,7 @@ class ClusterInputs:
     subnet_ids: pulumi.Input[Sequence[str]]
     cluster_security_group_id: pulumi.Input[str]
     kms_key_arn: pulumi.Input[str]
+    admin_principal_arns: Sequence[str] = ()
 
 
 class EksCluster(pulumi.ComponentResource):
@@ -190,6 +192,17 @@ class EksCluster(pulumi.ComponentResource):
                               self.cluster.certificate_authority.data).apply(
                 lambda v: render_kubeconfig(v[0], v[1], v[2], args.region))
         )
+        # Extra administrators: access entries (API authentication mode), no aws-auth ConfigMap.
+        self.admin_entries = []
+        for i, principal in enumerate(args.admin_principal_arns):
+            entry = aws.eks.AccessEntry(
+                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal, type="STANDARD",
+                opts=child)
+            aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{i}-policy", cluster_name=self.cluster.name, principal_arn=entry.principal_arn,
+                policy_arn=CLUSTER_ADMIN_POLICY,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"), opts=child)
+            self.admin_entries.append(entry)
         # Add-ons the nodes need to become Ready; node groups depend on these, so on destroy the CNI
         # is still running while nodes drain and release their ENIs (pulumi-eks#1226).
         self.node_addons = [self._addon(name, addon) for addon in NODE_ADDONS]

@@ -64,6 +64,7 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         subnet_ids=network.private_subnet_ids,
         cluster_security_group_id=security.cluster_sg.id,
         kms_key_arn=data.kms_key.arn,
+        admin_principal_arns=cfg.cluster.admin_principal_arns,
     ), opts=opts)
     nodes = NodeGroups("nodes", NodeGroupsInputs(
         cluster=cluster,

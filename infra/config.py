@@ -131,6 +131,22 @@ class ClusterConfig(_Section):
         description="IPv4 CIDRs allowed to reach the public API endpoint; [] = private endpoint only; "
                     "never 0.0.0.0/0")
     system_nodes: SystemNodesConfig
+    # infra-compute: extra cluster admins as EKS access entries (the deploying identity is one already).
+    admin_principal_arns: list[str] = Field(
+        default_factory=list, max_length=20,
+        description="IAM role or user ARNs (arn:aws:iam::<account>:role/<name> or :user/<name>) that get "
+                    "cluster-admin access entries; [] = only the identity that runs pulumi up")
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _admins(cls, value: list[str]) -> list[str]:
+        for arn in value:
+            if not re.fullmatch(r"arn:aws(-[a-z]+)*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", arn):
+                raise ValueError(
+                    f"{arn!r} is not an IAM role or user ARN like arn:aws:iam::123456789012:role/admin")
+        if len(set(value)) != len(value):
+            raise ValueError("distinct ARNs (one is listed twice)")
+        return value
 
     @field_validator("kubernetes_version")
     @classmethod

@@ -193,6 +193,9 @@ class NodeGroups(pulumi.ComponentResource):
                 # The node add-ons (CNI first) outlive every node on destroy: see infra/cluster.py.
                 depends_on=[*self.role_attachments, *cluster.node_addons],
                 ignore_changes=IGNORE_DESIRED_SIZE,
+                # The EKS name is fixed (the backend and the cost guard address it): a change that
+                # forces a new node group (instance types, subnets) must delete the old one first.
+                delete_before_replace=True,
             ),
         )
 
@@ -204,7 +207,7 @@ class NodeGroups(pulumi.ComponentResource):
         if placement_group_wanted(group):
             pg = aws.ec2.PlacementGroup(
                 f"{resource}-pg", name=ng_name, strategy="cluster",
-                opts=pulumi.ResourceOptions(parent=self))
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
             self.placement_groups[group.name] = pg
             placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name)
         if group.efa:

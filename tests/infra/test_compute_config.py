@@ -68,3 +68,27 @@ def test_a_good_variant_of_the_same_config_runs():
     result = run_program("dev", config=dev_with(nodeGroups=[group(instanceTypes=["g5.12xlarge"], efa=True)]))
     (lt,) = [r for r in result.of_type("aws:ec2/launchTemplate:LaunchTemplate") if r.name == "nodes-gpu-lt"]
     assert len(lt.inputs["networkInterfaces"]) == 1  # g5.12xlarge: one card, one EFA interface
+
+
+def test_admin_principals_become_cluster_admin_access_entries():
+    cfg = dev_with()
+    admins = ["arn:aws:iam::123456789012:role/platform-admin", "arn:aws:iam::123456789012:user/alice"]
+    cfg["ringtrain:cluster"] = {**cfg["ringtrain:cluster"], "adminPrincipalArns": admins}
+    result = run_program("dev", config=cfg)
+    entries = result.of_type("aws:eks/accessEntry:AccessEntry")
+    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(admins)
+    assocs = result.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert sorted(a.inputs["principalArn"] for a in assocs) == sorted(admins)
+    for assoc in assocs:
+        assert assoc.inputs["policyArn"].endswith("/AmazonEKSClusterAdminPolicy")
+        assert assoc.inputs["accessScope"] == {"type": "cluster"}
+    # No aws-auth ConfigMap anywhere: access is API-mode entries only.
+    assert not [r for r in result.resources if r.type == "kubernetes:core/v1:ConfigMap"]
+
+
+def test_admin_principal_that_is_not_an_iam_arn_is_refused():
+    cfg = dev_with()
+    cfg["ringtrain:cluster"] = {**cfg["ringtrain:cluster"], "adminPrincipalArns": ["alice"]}
+    expected = ("ringtrain:cluster.adminPrincipalArns: [\"alice\"] is invalid: "
+                "'alice' is not an IAM role or user ARN")
+    assert expected in fails_with(cfg)

@@ -145,6 +145,8 @@ def test_gpu_groups_shape_labels_taint_and_runtime_desired_size(stack):
     for ng in result.of_type(NODE_GROUP):
         # Autoscaling and the cost guard own the desired size; `pulumi up` must not revert it.
         assert ng.ignore_changes == ["scalingConfig.desiredSize"], ng.name
+        # Fixed EKS names: a forced replacement must delete the old group before creating the new.
+        assert ng.delete_before_replace, ng.name
 
 
 def test_node_groups_wait_for_the_node_addons_so_teardown_keeps_the_cni_until_nodes_are_gone(stack):
@@ -345,3 +347,32 @@ def test_exports_are_what_the_aws_backend_parses(stack):
         g.name: (tuple(g.instance_types), g.capacity_type,
                  catalog[g.instance_types[0]].network_cards if g.efa else 0)
         for g in cfg.node_groups}
+
+
+# -- policy pack (infra/policy) ----------------------------------------------------------------------------
+
+
+def test_policy_pack_reports_zero_violations_including_the_compute_layer(stack):
+    from infra.policy.policies import ALL_POLICIES
+    from tests.infra.policy_adapter import run_policies
+
+    result, cfg = stack
+    # The pack sees the compute resources it has rules for (templates, cluster, EFA interfaces).
+    assert len(result.of_type(LAUNCH_TEMPLATE)) == len(cfg.node_groups) + 1
+    assert result.of_type("aws:eks/cluster:Cluster")
+    assert run_policies(ALL_POLICIES, result) == []
+
+
+def test_policy_pack_catches_a_compute_template_without_imdsv2(stack):
+    from infra.policy.policies import ALL_POLICIES
+    from tests.infra.policy_adapter import run_policies
+
+    result, cfg = stack
+    lt = launch_template_of(result, node_group(result, cfg, cfg.node_groups[0].name))
+    saved = lt.inputs["metadataOptions"]
+    lt.inputs["metadataOptions"] = {**saved, "httpTokens": "optional"}
+    try:
+        violations = run_policies(ALL_POLICIES, result)
+    finally:
+        lt.inputs["metadataOptions"] = saved
+    assert [(v.policy, v.urn) for v in violations] == [("imdsv2-required", lt.urn)]
