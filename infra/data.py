@@ -4,6 +4,9 @@ Declared unconditionally (same names, hence same URNs, whether compute is up or 
 while `dataProtection` is true, so `pulumi up` with `compute: false` removes the cluster and leaves every
 resource here untouched, and a later `up` with `compute: true` finds them again. Policy documents are
 plain functions returning dicts; the resources json.dumps them.
+
+The KMS key keeps AWS's default key policy (the account administers it; IAM policies grant its use to
+S3, ECR and EKS principals), so no hand-written key policy can lock the account out of its own data.
 """
 
 from __future__ import annotations
@@ -16,37 +19,8 @@ import pulumi_aws as aws
 from infra.config import DataConfig
 
 
-def kms_key_policy(account_id: str, region: str, partition: str = "aws") -> dict:
-    """Account-administered key (IAM policies grant use), plus CloudWatch Logs for encrypted log groups."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "AccountAdministersKeyThroughIam",
-                "Effect": "Allow",
-                "Principal": {"AWS": f"arn:{partition}:iam::{account_id}:root"},
-                "Action": "kms:*",
-                "Resource": "*",
-            },
-            {
-                "Sid": "CloudWatchLogsEncryptsThisAccountsLogGroups",
-                "Effect": "Allow",
-                "Principal": {"Service": f"logs.{region}.amazonaws.com"},
-                "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
-                           "kms:DescribeKey"],
-                "Resource": "*",
-                "Condition": {"ArnLike": {
-                    "kms:EncryptionContext:aws:logs:arn":
-                        f"arn:{partition}:logs:{region}:{account_id}:log-group:*",
-                }},
-            },
-        ],
-    }
-
-
 def tls_only_bucket_policy(bucket_arn: str) -> dict:
-    """Refuse every request that does not arrive over TLS (and any TLS older than 1.2)."""
-    resources = [bucket_arn, f"{bucket_arn}/*"]
+    """Refuse every request to the bucket or its objects that does not arrive over TLS."""
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -55,16 +29,8 @@ def tls_only_bucket_policy(bucket_arn: str) -> dict:
                 "Effect": "Deny",
                 "Principal": "*",
                 "Action": "s3:*",
-                "Resource": resources,
+                "Resource": [bucket_arn, f"{bucket_arn}/*"],
                 "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-            },
-            {
-                "Sid": "DenyOutdatedTls",
-                "Effect": "Deny",
-                "Principal": "*",
-                "Action": "s3:*",
-                "Resource": resources,
-                "Condition": {"NumericLessThan": {"s3:TlsVersion": "1.2"}},
             },
         ],
     }
@@ -103,8 +69,6 @@ class DataLayer(pulumi.ComponentResource):
         cfg: DataConfig,
         *,
         stack: str,
-        region: str,
-        account_id: pulumi.Input[str],
         protect: bool,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -114,11 +78,9 @@ class DataLayer(pulumi.ComponentResource):
 
         self.kms_key = aws.kms.Key(
             f"{name}-key",
-            description=f"ringtrain {stack}: datasets, checkpoints, training images, logs",
+            description=f"ringtrain {stack}: datasets, checkpoints, training images",
             enable_key_rotation=True,
             deletion_window_in_days=30,
-            policy=pulumi.Output.from_input(account_id).apply(
-                lambda acct: json.dumps(kms_key_policy(acct, region))),
             opts=keep(self))
         aws.kms.Alias(f"{name}-key", name=f"alias/ringtrain-{stack}-data", target_key_id=self.kms_key.key_id,
                       opts=keep(self.kms_key))

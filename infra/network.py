@@ -78,7 +78,6 @@ class Network(pulumi.ComponentResource):
         *,
         compute: bool,
         account_id: pulumi.Input[str],
-        kms_key_arn: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("ringtrain:network:Network", name, None, opts)
@@ -161,7 +160,7 @@ class Network(pulumi.ComponentResource):
 
         self.flow_log: aws.ec2.FlowLog | None = None
         if cfg.flow_logs:
-            self.flow_log = self._flow_logs(name, cfg, account_id, kms_key_arn)
+            self.flow_log = self._flow_logs(name, cfg, account_id)
 
         self.private_subnet_ids = pulumi.Output.all(*[s.id for s in self.private_subnets.values()])
         self.public_subnet_ids = pulumi.Output.all(*[s.id for s in self.public_subnets.values()])
@@ -173,12 +172,13 @@ class Network(pulumi.ComponentResource):
             "gpuSubnetIds": self.gpu_subnet_ids,
         })
 
-    def _flow_logs(self, name: str, cfg: NetworkConfig, account_id: pulumi.Input[str],
-                   kms_key_arn: pulumi.Input[str]) -> aws.ec2.FlowLog:
+    def _flow_logs(self, name: str, cfg: NetworkConfig, account_id: pulumi.Input[str]) -> aws.ec2.FlowLog:
         child = pulumi.ResourceOptions(parent=self)
+        # CloudWatch Logs encrypts log data at rest itself; a customer key would need a key policy
+        # granting the logs service, which the data key deliberately does not have.
         group = aws.cloudwatch.LogGroup(
-            f"{name}-flow-logs", name=f"/ringtrain/{name}/vpc-flow-logs",
-            retention_in_days=cfg.flow_log_retention_days, kms_key_id=kms_key_arn, opts=child)
+            f"{name}-flow-logs", name=f"/ringtrain/{pulumi.get_stack()}/vpc-flow-logs",
+            retention_in_days=cfg.flow_log_retention_days, opts=child)
         role = aws.iam.Role(
             f"{name}-flow-logs",
             assume_role_policy=pulumi.Output.from_input(account_id).apply(

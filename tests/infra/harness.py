@@ -16,6 +16,7 @@ answer fails the run naming its token, so a test never passes on a silently empt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import runpy
 import threading
@@ -267,14 +268,19 @@ class _RecordingMocks(pulumi.runtime.Mocks):
         self.region = region
         self.invokes = dict(invokes)
         self.invoked: list[tuple[str, dict]] = []
-        self._counter = 0
+        self._ids: set[str] = set()
         self._lock = threading.Lock()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        # Ids depend on type and name only, so two runs of the program give equal inputs (a stack with
+        # compute off can be compared with one with compute on); a clash gets a counter.
+        base = args.resource_id or f"{args.name}-{hashlib.sha1(args.typ.encode()).hexdigest()[:8]}"
         with self._lock:
-            self._counter += 1
-            n = self._counter
-        rid = args.resource_id or f"{args.name}-{n:06d}"
+            rid, n = base, 1
+            while rid in self._ids:
+                n += 1
+                rid = f"{base}-{n}"
+            self._ids.add(rid)
         if args.typ.startswith("pulumi:providers:"):
             return rid, dict(args.inputs)
         state = {**_default_outputs(args.typ, args.name, args.inputs, self.region, rid), **args.inputs}
