@@ -1,0 +1,110 @@
+"""The operator CLI (`python -m cluster.aws.cli`): outputs for people and machines, one clear error per bad
+input, and the paths that need the Pulumi CLI failing cleanly without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.aws import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args, env=None, input=None):
+    return subprocess.run([sys.executable, "-m", "cluster.aws.cli", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
+                          input=input)
+
+
+@pytest.fixture(scope="module")
+def outputs_file(tmp_path_factory):
+    from infra.offline import run_program
+
+    path = tmp_path_factory.mktemp("outputs") / "dev.json"
+    path.write_text(json.dumps(run_program("dev").exports))
+    return path
+
+
+def test_plan_json_for_machines(capsys):
+    assert cli.main(["plan", "--stack", "prod", "--hours", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # prod full scale: 0.10 + 3 x 0.045 + 2 x 0.2016 + 8 x 55.04 = 440.9582 $/h; two hours:
+    assert doc["cost"]["runHours"] == 2 and doc["cost"]["runUsd"] == pytest.approx(881.92)
+    assert {g["name"] for g in doc["nodeGroups"]} == {"system", "h100-ondemand", "h100-spot"}
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["plan", "--stack", "nope"], 1, "plan: error: stack 'nope' has no Pulumi.nope.yaml"),
+    (["plan", "--stack", "dev", "--hours", "-1"], 2, "argument --hours: -1: allowed are 0 .. 8784 hours"),
+    (["down", "--stack", "dev", "--confirm", "dev"], 2, "down: error: --confirm: only with --delete-data"),
+    (["submit", "--stack", "dev", "--job-name", "j", "--outputs", "/nonexistent.json", "--dry-run"], 2,
+     "submit: error: --outputs /nonexistent.json: no such file"),
+], ids=["unknown-stack", "negative-hours", "confirm-without-delete", "missing-outputs-file"])
+def test_bad_input_is_one_clear_message(args, code, message):
+    done = run(*args)
+    assert done.returncode == code, done.stdout + done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_lifecycle_commands_need_the_pulumi_cli(tmp_path):
+    env = {"PATH": str(Path(sys.executable).parent), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    for args in (["up", "--stack", "dev"], ["down", "--stack", "dev"], ["status", "--stack", "dev"],
+                 ["down", "--stack", "dev", "--delete-data", "--confirm", "dev"]):
+        done = run(*args, env=env)
+        assert done.returncode == 1, (args, done.stderr)
+        assert f"{args[0]}: error: the Pulumi CLI (`pulumi`) is not on PATH" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(outputs_file, capsys):
+    assert cli.main(["submit", "--stack", "dev", "--job-name", "dry", "--hosts", "2",
+                     "--node-group", "l4-spot", "--outputs", str(outputs_file), "--dry-run",
+                     "--", "--steps", "50"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["kind"] == "MPIJob" and manifest["metadata"]["name"] == "dry"
+    spec = manifest["spec"]
+    assert spec["slotsPerWorker"] == 4  # default: every GPU of g6.12xlarge / g6.24xlarge
+    worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    exprs = {e["key"]: e["values"] for e in
+             worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                 "nodeSelectorTerms"][0]["matchExpressions"]}
+    assert exprs["ringtrain.io/node-pool"] == ["l4-spot"]
+    cmd = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[:4] == ["horovodrun", "--gloo", "-np", "8"]
+    assert cmd[cmd.index("train") + 1:][:2] == ["--steps", "50"]
+    assert "s3://acme-ringtrain-dev-datasets/datasets/dry" in cmd
+
+
+def test_submit_argument_errors(outputs_file):
+    base = ["submit", "--stack", "dev", "--outputs", str(outputs_file), "--dry-run"]
+    cases = [
+        (["--job-name", "j", "--node-group", "l4-spot", "--steps", "5"], "unrecognized arguments"),
+        (["--job-name", "j"], "several GPU node groups (a10g-spot, l4-spot): name one"),
+        (["--job-name", "Bad_Name", "--node-group", "l4-spot"], "use lower-case letters, digits and '-'"),
+        (["--job-name", "j", "--node-group", "l4-spot", "--min-hosts", "1"],
+         "--min-hosts: only with --elastic"),
+        (["--job-name", "j", "--node-group", "l4-spot", "--slots-per-host", "8"],
+         "slots_per_host=8 but node group 'l4-spot'"),
+    ]
+    for extra, message in cases:
+        done = run(*base, *extra)
+        assert done.returncode in (1, 2), (extra, done.stdout)
+        assert message in done.stderr, (extra, done.stderr)
+        assert "Traceback" not in done.stderr
+
+
+def test_scripts_wrap_the_cli():
+    for name, command in (("plan", "plan"), ("up", "up"), ("down", "down"), ("submit", "submit")):
+        text = (REPO_ROOT / "scripts" / name).read_text()
+        assert f"-m cluster.aws.cli {command} \"$@\"" in text and "scripts/setup" in text
+        assert os.access(REPO_ROOT / "scripts" / name, os.X_OK)
+    done = subprocess.run([str(REPO_ROOT / "scripts" / "plan"), "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "--hours" in done.stdout
