@@ -7,7 +7,8 @@ by `ringtrain:dataProtection`. So:
     up            compute=true,  pulumi up
     down          compute=false, pulumi up          (data untouched, same URNs: a later up reuses them)
     delete-data   typed confirmation, then dataProtection=false + compute=false, pulumi up (lifts the
-                  protect flags in the state), then pulumi destroy
+                  protect flags in the state), empty the buckets (every version) and the image
+                  repository (the program never force-destroys them), then pulumi destroy
 
 The lifecycle logic talks to a small seam (`StackOps`); `AutomationStack` is the real implementation
 over `pulumi.automation.LocalWorkspace` in the repository's project (Pulumi.yaml at the root).
@@ -152,7 +153,33 @@ def stack_down(ops: StackOps) -> None:
     ops.up()
 
 
-def delete_data(ops: StackOps, *, confirm: str | None, ask: Callable[[str], str] | None) -> None:
+def purge_data_layer(outputs: Mapping[str, Any]) -> None:
+    """Delete every object version and delete marker of both buckets and every image of the repository,
+    so that destroy can remove them (S3 and ECR refuse to delete non-empty buckets and repositories)."""
+    import boto3
+
+    s3 = boto3.client("s3")
+    for key in ("datasetsBucket", "checkpointsBucket"):
+        bucket = outputs.get(key)
+        if not bucket:
+            continue
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
+            doomed = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                      for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+            for i in range(0, len(doomed), 1000):  # DeleteObjects takes at most 1000 keys
+                s3.delete_objects(Bucket=bucket, Delete={"Objects": doomed[i:i + 1000], "Quiet": True})
+    url = outputs.get("ecrRepositoryUrl")
+    if url:
+        ecr = boto3.client("ecr")
+        repo = str(url).split("/", 1)[1]
+        for page in ecr.get_paginator("list_images").paginate(repositoryName=repo):
+            ids = page.get("imageIds", [])
+            for i in range(0, len(ids), 100):  # BatchDeleteImage takes at most 100 ids
+                ecr.batch_delete_image(repositoryName=repo, imageIds=ids[i:i + 100])
+
+
+def delete_data(ops: StackOps, *, confirm: str | None, ask: Callable[[str], str] | None,
+                purge: Callable[[Mapping[str, Any]], None] = purge_data_layer) -> None:
     """Remove everything, data included, after the stack name is typed (or given as `confirm`)."""
     if confirm is None:
         if ask is None:
@@ -166,6 +193,7 @@ def delete_data(ops: StackOps, *, confirm: str | None, ask: Callable[[str], str]
     ops.set_config(COMPUTE_KEY, "false")
     ops.set_config(DATA_PROTECTION_KEY, "false")
     ops.up()        # lifts protect= on the data layer in the state; destroy refuses protected resources
+    purge(ops.outputs())
     ops.destroy()
 
 

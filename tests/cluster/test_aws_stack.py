@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -83,13 +84,16 @@ def test_delete_data_needs_the_typed_stack_name():
 def test_delete_data_unprotects_in_state_before_destroying():
     ops = RecordingStack(name="prod", config={"ringtrain:dataProtection": "true"})
     prompts = []
-    delete_data(ops, confirm=None, ask=lambda prompt: prompts.append(prompt) or "prod\n")
+    purge = lambda outputs: ops.calls.append(("purge", outputs))  # noqa: E731
+    ops._outputs = {"datasetsBucket": "d"}
+    delete_data(ops, confirm=None, ask=lambda prompt: prompts.append(prompt) or "prod\n", purge=purge)
     assert "INCLUDING its datasets" in prompts[0] and "(prod)" in prompts[0]
     unprotected = {"ringtrain:dataProtection": "false", "ringtrain:compute": "false"}
-    assert ops.calls[-2:] == [("up", unprotected), ("destroy", unprotected)]
+    assert ops.calls[-3:] == [("up", unprotected), ("purge", {"datasetsBucket": "d"}),
+                              ("destroy", unprotected)]
     # non-interactive form
     ops2 = RecordingStack(name="prod")
-    delete_data(ops2, confirm="prod", ask=None)
+    delete_data(ops2, confirm="prod", ask=None, purge=lambda outputs: None)
     assert [c[0] for c in ops2.calls][-2:] == ["up", "destroy"]
 
 
@@ -158,3 +162,35 @@ def test_real_stack_selection_with_the_cli(tmp_path):
         stack_file = stack_mod.REPO_ROOT / "Pulumi.ci-select-test.yaml"
         if stack_file.exists():
             stack_file.unlink()
+
+
+def test_purge_empties_versioned_buckets_and_the_image_repository(object_store, monkeypatch, tmp_path):
+    """Against the moto server on loopback: every version and delete marker, every image."""
+    import boto3
+
+    env = {**object_store.env(), "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "c"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "c")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="purge-datasets")
+    s3.put_bucket_versioning(Bucket="purge-datasets", VersioningConfiguration={"Status": "Enabled"})
+    for body in (b"one", b"two"):
+        s3.put_object(Bucket="purge-datasets", Key="datasets/x/shard-0", Body=body)
+    s3.delete_object(Bucket="purge-datasets", Key="datasets/x/shard-0")  # leaves a delete marker
+    s3.create_bucket(Bucket="purge-checkpoints")
+    s3.put_object(Bucket="purge-checkpoints", Key="checkpoints/j/step-1", Body=b"c")
+    ecr = boto3.client("ecr")
+    url = ecr.create_repository(repositoryName="ringtrain/purge/trainer")["repository"]["repositoryUri"]
+    ecr.put_image(repositoryName="ringtrain/purge/trainer", imageTag="0.1.0",
+                  imageManifestMediaType="application/vnd.docker.distribution.manifest.v2+json",
+                  imageManifest=json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "0" * 64}}))
+
+    stack_mod.purge_data_layer({"datasetsBucket": "purge-datasets", "checkpointsBucket": "purge-checkpoints",
+                                "ecrRepositoryUrl": url})
+
+    for bucket in ("purge-datasets", "purge-checkpoints"):
+        left = s3.list_object_versions(Bucket=bucket)
+        assert not left.get("Versions") and not left.get("DeleteMarkers"), bucket
+        s3.delete_bucket(Bucket=bucket)  # S3 accepts it now: the bucket is empty
+    assert ecr.list_images(repositoryName="ringtrain/purge/trainer")["imageIds"] == []
