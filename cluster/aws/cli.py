@@ -42,35 +42,40 @@ def _positive_hours(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cluster.aws.cli", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m cluster.aws.cli",
+                                description="The operator's commands for an AWS stack "
+                                            "(scripts/plan, up, down and submit call them).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
 
     def with_stack(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sp.add_argument("--stack", required=True, help="the Pulumi stack (Pulumi.<stack>.yaml), e.g. dev")
         return sp
 
-    plan = with_stack(sub.add_parser("plan", help="offline: resources and cost of a stack (no AWS, no CLI)"))
+    plan = with_stack(add("plan", "offline: resources and cost of a stack (no AWS, no CLI)"))
     plan.add_argument("--hours", type=_positive_hours, default=24.0,
                       help="length of a run at full scale to price (default 24)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
 
-    up = with_stack(sub.add_parser("up", help="stand the stack's compute up (Pulumi CLI + AWS credentials)"))
+    up = with_stack(add("up", "stand the stack's compute up (Pulumi CLI + AWS credentials)"))
     up.add_argument("--kubeconfig", type=Path,
                     help="where to write the kubeconfig (default ~/.kube/ringtrain-<stack>.yaml)")
 
-    down = with_stack(sub.add_parser("down", help="remove the compute; the data layer stays"))
+    down = with_stack(add("down", "remove the compute; the data layer stays"))
     down.add_argument("--delete-data", action="store_true",
                       help="remove EVERYTHING including buckets, images and the KMS key "
                            "(asks for the stack name)")
     down.add_argument("--confirm", metavar="STACK",
                       help="with --delete-data: the stack name, for non-interactive use")
 
-    status = with_stack(sub.add_parser("status", help="the stack's switches, last update and outputs"))
+    status = with_stack(add("status", "the stack's switches, last update and outputs"))
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
-    submit = with_stack(sub.add_parser("submit", help="render the job as an MPIJob and submit it"))
+    submit = with_stack(add("submit", "render the job as an MPIJob and submit it"))
     submit.add_argument("--job-name", required=True, help="lower-case letters, digits and '-'")
     submit.add_argument("--hosts", type=int, default=1, help="worker nodes (default 1)")
     submit.add_argument("--slots-per-host", type=int, default=None,
