@@ -15,6 +15,7 @@ Fault injection (`reclaim_at_step`) needs a backend with `reclaim(host)` / `rest
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import signal
@@ -104,9 +105,10 @@ def trainer_args_for(job: JobSpec, storage: Storage) -> tuple[str, ...]:
 
 
 def is_trainer_message(line: str) -> bool:
-    """Lines worth showing without --verbose: the trainer's own messages and errors (pure)."""
-    low = line.lower()
-    return any(k in low for k in ("train: ", "ringtrain:", "error", "ringtrain_summary"))
+    """Lines worth showing without --verbose: the trainer's own messages ("train: error: ...",
+    "train: warning: ...", "ringtrain: elastic reset ...") (pure). horovodrun's own chatter about
+    workers exiting is left out: the flow reports what the exit codes mean."""
+    return "train: " in line or "ringtrain:" in line
 
 
 def format_summary(result: FlowResult) -> str:
@@ -217,6 +219,7 @@ class _Follower:
         self.reclaim = reclaim
         self.bar = None
         self._done = threading.Event()
+        self.tail: collections.deque[str] = collections.deque(maxlen=25)
         self._log_thread = threading.Thread(target=self._echo, daemon=True)
 
     def _write(self, text: str) -> None:
@@ -228,6 +231,7 @@ class _Follower:
     def _echo(self) -> None:
         try:
             for line in self.backend.logs(self.handle):
+                self.tail.append(line)
                 if self.opts.echo_logs or is_trainer_message(line):
                     self._write(f"  | {line}")
         finally:
@@ -251,7 +255,7 @@ class _Follower:
                 if rec is None:
                     continue
                 step = int(rec.get("step", 0))
-                if self.bar is not None:
+                if self.bar is not None and step != self.bar.n:
                     self.bar.n = step
                     self.bar.set_postfix(loss=f"{rec.get('loss', float('nan')):.4f}",
                                          workers=rec.get("world_size", "?"), refresh=False)
@@ -328,6 +332,10 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 follower.run(total)
                 last = backend.wait(handle, timeout_s=opts.job_timeout_s)
                 attempts.append(Attempt(last.exit_code, last.summary, hosts, last.message))
+                if last.exit_code not in (0, EXIT_INTERRUPTED_RESUMABLE) and not opts.echo_logs:
+                    out(f"attempt {attempt_no} failed (exit code {last.exit_code}); its last output:")
+                    for line in follower.tail:
+                        out(f"  | {line}")
                 if last.exit_code != EXIT_INTERRUPTED_RESUMABLE:
                     break
                 for t in restore_threads:

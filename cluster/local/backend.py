@@ -89,14 +89,13 @@ def job_exit_code(launcher_rc: int, worker_codes: dict[int, int], summary: dict)
         return EXIT_INTERRUPTED_RESUMABLE
     if launcher_rc == 0:
         return 0
-    failing = [c for c in worker_codes.values() if c != 0]
-    if failing and all(c == EXIT_INTERRUPTED_RESUMABLE for c in failing):
+    # 143/137/255 are workers that horovodrun (or the reclaim) killed after the first one failed.
+    own = [c for c in worker_codes.values() if c not in (0, 143, 137, 255, -15, -9)]
+    if own and all(c == EXIT_INTERRUPTED_RESUMABLE for c in own):
+        # The trainer exits 75 only after rank 0 wrote the checkpoint (its exit barrier).
         return EXIT_INTERRUPTED_RESUMABLE
-    # The first code that is not a kill signal (143/137/255 come from the teardown of the others).
-    for code in failing:
-        if code not in (143, 137, 255, -15, -9):
-            return code
-    return launcher_rc if launcher_rc else 1
+    others = [c for c in own if c != EXIT_INTERRUPTED_RESUMABLE]
+    return others[0] if others else launcher_rc
 
 
 @dataclasses.dataclass
@@ -150,7 +149,8 @@ class LocalBackend(Backend):
         except BaseException:
             self.down()
             raise
-        self.log(f"local cluster up: {self.hosts.describe()}; object store {self.store.endpoint_url}")
+        self.log(f"local cluster up: {self.hosts.describe()}; object store {self.store.endpoint_url}; "
+                 f"work dir {self.workdir}")
 
     def down(self) -> None:
         errors = []

@@ -47,6 +47,7 @@ class HostPlan:
     netns: str | None = None
     veth_outer: str | None = None   # root-namespace end, enslaved to the bridge
     veth_inner: str | None = None   # temporary name of the end moved into the namespace
+    mac: str | None = None          # fixed per host: a restored host answers ARP caches as before
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def plan_network(subnet_index: int, num_hosts: int, *, isolated: bool) -> Networ
                 netns=f"{NETNS_PREFIX}{n}-host-{i}",
                 veth_outer=f"{VETH_PREFIX}{n}h{i}",
                 veth_inner=f"rtp{n}h{i}",
+                mac=host_mac(n, i),
             )
             for i in range(num_hosts)
         )
@@ -91,6 +93,15 @@ def plan_network(subnet_index: int, num_hosts: int, *, isolated: bool) -> Networ
         for i in range(num_hosts)
     )
     return NetworkPlan(n, False, "lo", "127.0.0.1", hosts)
+
+
+def host_mac(subnet_index: int, host_index: int) -> str:
+    """A locally administered MAC fixed by (cluster, host) (pure).
+
+    A replacement host must keep its MAC: peers keep answering to the cached one (gVisor's netstack,
+    for one, does not re-resolve a REACHABLE neighbour whose MAC changed).
+    """
+    return f"02:72:74:{subnet_index:02x}:{host_index // 256:02x}:{host_index % 256:02x}"
 
 
 def namespaces_available() -> tuple[bool, str]:
@@ -202,6 +213,8 @@ def create_host_netns(plan: NetworkPlan, host: HostPlan) -> None:
         _ip("link", "add", host.veth_outer, "type", "veth", "peer", "name", host.veth_inner)
         _ip("link", "set", host.veth_inner, "netns", host.netns)
         _ip("link", "set", host.veth_inner, "name", plan.iface, netns=host.netns)
+        if host.mac:
+            _ip("link", "set", plan.iface, "address", host.mac, netns=host.netns)
         _ip("addr", "add", f"{host.address}/24", "dev", plan.iface, netns=host.netns)
         _ip("link", "set", plan.iface, "up", netns=host.netns)
         _ip("link", "set", host.veth_outer, "master", plan.bridge)

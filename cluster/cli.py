@@ -1,0 +1,253 @@
+"""`python -m cluster.cli run`: the project's main job, from stand-up to teardown.
+
+    python -m cluster.cli run                      local cluster, 2 hosts, spot-style reclaim mid-run
+    python -m cluster.cli run --elastic --hosts 3  elastic Horovod across 3 hosts
+    python -m cluster.cli run --backend aws --stack dev
+
+`scripts/run` bootstraps the environment and calls this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import signal
+import sys
+from collections.abc import Sequence
+
+from cluster.backend import Backend, BackendError
+from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, format_summary, run_job
+from cluster.job import JobSpec
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+MODELS = ("mlp", "cnn")
+
+
+class UsageError(Exception):
+    """Arguments that parse but do not make sense together."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cluster.cli", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser(
+        "run", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="stand a cluster up, train on it, show a spot reclaim and the resume, tear it down",
+        description=(
+            "Stand a cluster up, write a small generated dataset into its datasets bucket, run Horovod\n"
+            "ring-allreduce training on it with `horovodrun` (the command the MPIJob launcher runs),\n"
+            "reclaim one host mid-run the way spot does (SIGTERM to its workers, then the host goes away),\n"
+            "resume from the checkpoint (or continue elastically), print a summary and tear down.\n\n"
+            "Local backend: as root each worker host is a Linux network namespace with its own address and\n"
+            "sshd; without root the hosts are processes on localhost (said at start-up). The object store\n"
+            "is a moto S3 server with the AWS stack's bucket layout. Teardown always runs (Ctrl-C too).\n\n"
+            "Arguments after `--` go to the trainer unchanged (see `python -m train --help`)."
+        ),
+        epilog="example: scripts/run --hosts 3 --steps 400 --model cnn -- --lr 0.02",
+    )
+    where = r.add_argument_group("where it runs")
+    where.add_argument("--backend", choices=("local", "aws"), default="local",
+                       help="local: this machine (default); aws: the Pulumi stack named by --stack")
+    where.add_argument("--stack", help="AWS backend: the Pulumi stack to use (e.g. dev)")
+    where.add_argument("--hosts", type=int, default=2, help="worker hosts (default 2)")
+    where.add_argument("--slots-per-host", type=int, default=1, help="worker processes per host (default 1)")
+    where.add_argument("--isolation", choices=("auto", "netns", "localhost"), default="auto",
+                       help="local hosts as network namespaces (needs root) or localhost processes; "
+                            "auto: namespaces when possible (default)")
+    where.add_argument("--keep-up", action="store_true",
+                       help="leave the cluster up after the run (local: until you press Ctrl-C)")
+
+    train = r.add_argument_group("training")
+    train.add_argument("--job-name", default="demo",
+                       help="job name: lower-case letters, digits, '-' (default demo)")
+    train.add_argument("--steps", type=int, default=300, help="optimizer steps in total (default 300)")
+    train.add_argument("--model", choices=MODELS, default="mlp", help="model (default mlp)")
+    train.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
+    train.add_argument("--checkpoint-every", type=int, default=25,
+                       help="steps between checkpoints (default 25)")
+    train.add_argument("--elastic", action="store_true",
+                       help="elastic Horovod: a discovery script lists the live hosts, training goes on "
+                            "with the survivors and lets a returning host rejoin")
+    train.add_argument("--min-hosts", type=int, default=None,
+                       help="elastic: keep training while at least this many hosts live (default 1)")
+    train.add_argument("--max-resubmits", type=int, default=3,
+                       help="resubmit an interrupted (exit 75) job at most this often (default 3)")
+    train.add_argument("--dataset-shards", type=int, default=4, help="generated dataset: shards (default 4)")
+    train.add_argument("--samples-per-shard", type=int, default=1024,
+                       help="generated dataset: samples per shard (default 1024)")
+    train.add_argument("--seed", type=int, default=0, help="dataset and training seed (default 0)")
+
+    fault = r.add_argument_group("fault injection (local backend)")
+    fault.add_argument("--reclaim-at-step", type=int, default=None,
+                       help="reclaim a host once training reaches this step (default: half of --steps)")
+    fault.add_argument("--no-reclaim", action="store_true", help="do not reclaim any host")
+    fault.add_argument("--reclaim-host", default=None,
+                       help="host to reclaim, e.g. host-1 (default: the last)")
+    fault.add_argument("--reclaim-grace", type=float, default=10.0,
+                       help="seconds between SIGTERM and the host going away (default 10)")
+    fault.add_argument("--restore-after", type=float, default=None,
+                       help="bring the reclaimed host back this many seconds after the reclaim "
+                            "(default: elastic 5; static: before the job is resubmitted)")
+
+    out = r.add_argument_group("output")
+    out.add_argument("--verbose", action="store_true", help="show every line of the job's output")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("trainer_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """Raise UsageError naming what is wrong and what is allowed (pure)."""
+    problems = []
+    if not 1 <= a.hosts <= 32:
+        problems.append(f"--hosts {a.hosts}: must be between 1 and 32")
+    if a.slots_per_host < 1:
+        problems.append(f"--slots-per-host {a.slots_per_host}: must be >= 1")
+    if a.steps < 1:
+        problems.append(f"--steps {a.steps}: must be >= 1")
+    if a.batch_size < 1:
+        problems.append(f"--batch-size {a.batch_size}: must be >= 1")
+    if a.checkpoint_every < 0:
+        problems.append(f"--checkpoint-every {a.checkpoint_every}: must be >= 0 (0: only at the end)")
+    if a.max_resubmits < 0:
+        problems.append(f"--max-resubmits {a.max_resubmits}: must be >= 0")
+    if a.dataset_shards < 1 or a.samples_per_shard < 1:
+        problems.append("--dataset-shards and --samples-per-shard: must be >= 1")
+    if a.min_hosts is not None and not a.elastic:
+        problems.append("--min-hosts: only with --elastic")
+    if a.min_hosts is not None and not 1 <= a.min_hosts <= a.hosts:
+        problems.append(f"--min-hosts {a.min_hosts}: must be between 1 and --hosts ({a.hosts})")
+    if a.reclaim_at_step is not None and not 1 <= a.reclaim_at_step < a.steps:
+        problems.append(f"--reclaim-at-step {a.reclaim_at_step}: "
+                        f"must be between 1 and --steps - 1 ({a.steps - 1})")
+    if a.reclaim_grace < 0 or (a.restore_after is not None and a.restore_after < 0):
+        problems.append("--reclaim-grace and --restore-after: must be >= 0 seconds")
+    if a.reclaim_host is not None and a.reclaim_host not in [f"host-{i}" for i in range(a.hosts)]:
+        problems.append(f"--reclaim-host {a.reclaim_host!r}: must be one of host-0 .. host-{a.hosts - 1}")
+    if a.backend == "aws":
+        if not a.stack:
+            problems.append("--backend aws needs --stack NAME (the Pulumi stack, e.g. dev)")
+        if a.reclaim_at_step is not None or a.reclaim_host is not None:
+            problems.append("--reclaim-at-step/--reclaim-host: "
+                            "fault injection exists on the local backend only")
+        if a.isolation != "auto":
+            problems.append("--isolation: local backend only")
+    elif a.stack:
+        problems.append("--stack: only with --backend aws")
+    try:
+        JobSpec(name=a.job_name, num_hosts=a.hosts)
+    except ValueError as e:
+        problems.append(f"--job-name: {e}")
+    if a.trainer_args and a.trainer_args[0] != "--":
+        problems.append(f"unexpected arguments {' '.join(a.trainer_args)!r}: trainer arguments go after `--`")
+    if problems:
+        raise UsageError("; ".join(problems))
+
+
+def job_from_args(a: argparse.Namespace) -> JobSpec:
+    extra = list(a.trainer_args[1:]) if a.trainer_args else []
+    trainer_args = ["--model", a.model, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
+                    "--checkpoint-every", str(a.checkpoint_every), "--seed", str(a.seed), *extra]
+    return JobSpec(name=a.job_name, num_hosts=a.hosts, slots_per_host=a.slots_per_host, elastic=a.elastic,
+                   min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer_args=tuple(trainer_args))
+
+
+def options_from_args(a: argparse.Namespace) -> FlowOptions:
+    reclaim_at = None
+    if a.backend == "local" and not a.no_reclaim:
+        reclaim_at = a.reclaim_at_step if a.reclaim_at_step is not None else max(1, a.steps // 2)
+    restore_after = a.restore_after
+    if restore_after is None and a.elastic:
+        restore_after = 5.0
+    return FlowOptions(
+        dataset=DatasetSpec(shards=a.dataset_shards, samples_per_shard=a.samples_per_shard, seed=a.seed),
+        max_resubmits=a.max_resubmits, reclaim_at_step=reclaim_at, reclaim_host=a.reclaim_host,
+        restore_after_s=restore_after, keep_up=a.keep_up, progress_bar=not a.no_progress,
+        echo_logs=a.verbose,
+    )
+
+
+def make_backend(a: argparse.Namespace) -> Backend:
+    if a.backend == "aws":
+        if importlib.util.find_spec("cluster.aws.backend") is None:
+            raise BackendError("the AWS backend (cluster/aws/backend.py) is not in this checkout; "
+                               "use --backend local")
+        from cluster.aws.backend import AwsBackend  # imported lazily: needs pulumi and boto3 only then
+
+        return AwsBackend(stack=a.stack)
+    from cluster.local.backend import LocalBackend
+
+    isolated = {"auto": None, "netns": True, "localhost": False}[a.isolation]
+    return LocalBackend(a.hosts, slots_per_host=a.slots_per_host, isolated=isolated,
+                        reclaim_grace_s=a.reclaim_grace)
+
+
+def check_environment(backend: str) -> None:
+    missing = [m for m in ("horovod", "torch", "train") if importlib.util.find_spec(m) is None]
+    if backend == "local":
+        if shutil.which("horovodrun") is None and importlib.util.find_spec("horovod.runner") is None:
+            missing.append("horovodrun")
+        if importlib.util.find_spec("moto") is None:
+            missing.append("moto")
+    if missing:
+        raise BackendError(f"missing {', '.join(missing)}: run scripts/setup first (it installs the pinned "
+                           "environment into .venv)")
+
+
+def _wait_for_ctrl_c(backend: Backend) -> None:
+    """Keep the local cluster up (its processes are ours) until Ctrl-C or SIGTERM, then tear down."""
+    stop = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        describe = getattr(backend, "describe", None)
+        if describe is not None:
+            print(describe())
+        print("cluster is up (--keep-up); press Ctrl-C to tear it down", flush=True)
+        signal.sigwait(stop)
+    finally:
+        backend.down()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
+        print("cluster torn down")
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    check_args(a)
+    check_environment(a.backend)
+    backend = make_backend(a)
+    job = job_from_args(a)
+    opts = options_from_args(a)
+    try:
+        result = run_job(backend, job, opts)
+    except FlowInterrupted:
+        print("run: interrupted; the cluster was torn down", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(format_summary(result))
+    if a.keep_up:
+        if a.backend == "local":
+            _wait_for_ctrl_c(backend)
+        else:
+            print(f"stack {a.stack} stays up (--keep-up): tear it down with scripts/down")
+    return 0 if result.succeeded else EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        if a.command == "run":
+            return cmd_run(a)
+    except UsageError as e:
+        parser.exit(EXIT_USAGE, f"run: error: {e}\n")
+    except BackendError as e:
+        print(f"run: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    parser.error(f"unknown command {a.command!r}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The whole main job on the local backend, shortened: train, reclaim a host, resume, tear down.
+
+Runs the real trainer (`python -m train`) under `horovodrun` on two local hosts and asserts on its
+summary and on nothing being left behind.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.flow import DatasetSpec, FlowOptions, run_job
+from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.local import network
+from cluster.local.backend import LocalBackend
+from cluster.local.leftovers import leftovers
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RecordingBackend(LocalBackend):
+    """The local backend, remembering what it created so the test can check it is all gone."""
+
+    seen: dict
+
+    def up(self) -> None:
+        super().up()
+        plan = self.hosts.plan
+        self.seen = {
+            "subnet_index": plan.subnet_index, "isolated": plan.isolated, "workdir": self.workdir,
+            "listen": [(h.address, self.hosts.keys.port) for h in plan.hosts]
+                      + [(self.store.host, self.store.port)],
+        }
+
+
+def _trainer_available():
+    import importlib.util
+
+    if importlib.util.find_spec("train") is None or importlib.util.find_spec("horovod.torch") is None:
+        pytest.skip("needs the trainer (train/) and Horovod: run scripts/setup")
+
+
+@pytest.mark.parametrize("isolated", [None], ids=["auto"])
+def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
+    _trainer_available()
+    backend = RecordingBackend(2, isolated=isolated, reclaim_grace_s=10, log=print)
+    job = JobSpec(name="flowtest", num_hosts=2,
+                  trainer_args=("--steps", "40", "--checkpoint-every", "10", "--batch-size", "32",
+                                "--log-every", "5"))
+    opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=15,
+                       progress_bar=False, job_timeout_s=400)
+    result = run_job(backend, job, opts)
+
+    first, second = result.attempts[0], result.attempts[-1]
+    # It trained to the end ...
+    assert result.succeeded and result.exit_code == 0, result.message
+    assert result.summary["steps"] == 40 and result.summary["world_size"] == 2
+    # ... was interrupted by the reclaim after a checkpoint ...
+    assert result.reclaimed == ["host-1"]
+    assert first.exit_code == EXIT_INTERRUPTED_RESUMABLE and first.summary["interrupted"] is True
+    assert 15 <= first.summary["steps"] < 40 and first.summary["checkpoints_written"] >= 1
+    # ... and resumed from that checkpoint on the restored host, not from scratch.
+    assert len(result.attempts) == 2 and result.resumed
+    assert second.summary["resumed_from_step"] == first.summary["steps"]
+    assert second.hosts == ["host-0", "host-1"]
+    # The loss went down over the whole run.
+    assert second.summary["final_loss"] < first.summary["initial_loss"]
+    assert result.metrics and result.metrics[-1]["step"] == 40
+
+    assert leftovers(**backend.seen) == []
+
+
+def test_ctrl_c_tears_everything_down():
+    _trainer_available()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cluster.cli", "run", "--steps", "5000", "--no-reclaim", "--no-progress",
+         "--job-name", "ctrlc", "--dataset-shards", "1", "--samples-per-shard", "256"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    output = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            output.append(line)
+            if line.startswith("attempt 1: submitted"):
+                break
+        assert any(ln.startswith("attempt 1: submitted") for ln in output), "".join(output)
+        time.sleep(3)  # training under way
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+        output.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(output)
+    assert proc.returncode == 130, text
+    assert "interrupted; the cluster was torn down" in text
+    assert "Traceback" not in text
+
+    up = re.search(r"local cluster up: .*?(?:bridge rtbr(\d+)|localhost).*"
+                   r"object store http://([\d.]+):(\d+); work dir (\S+)", text)
+    assert up, text
+    subnet = int(up.group(1)) if up.group(1) else None
+    assert leftovers(subnet_index=subnet, isolated=subnet is not None, workdir=Path(up.group(4)),
+                     listen=[(up.group(2), int(up.group(3)))]) == []
+    if subnet is not None:
+        assert network.list_namespaces(f"{network.NETNS_PREFIX}{subnet}-") == []

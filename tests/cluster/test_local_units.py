@@ -1,0 +1,252 @@
+"""Pure parts of the local backend, the flow and `cluster.cli run`: plans, renderers, parsers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.backend import Storage
+from cluster.cli import UsageError, build_parser, check_args, job_from_args, options_from_args
+from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
+from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.launch import horovodrun_command
+from cluster.local import hosts, network, procs, ssh
+from cluster.local.backend import (
+    bucket_names,
+    job_exit_code,
+    parse_summary,
+    storage_for,
+    worker_exit_codes,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- network plan
+def test_isolated_plan_gives_distinct_hosts_on_the_cluster_subnet():
+    plan = network.plan_network(37, 3, isolated=True)
+    assert plan.iface == "rtbr37" and plan.bridge == "rtbr37"
+    assert plan.driver_address == "10.213.37.1"
+    assert [h.address for h in plan.hosts] == ["10.213.37.10", "10.213.37.11", "10.213.37.12"]
+    assert [h.name for h in plan.hosts] == ["host-0", "host-1", "host-2"]
+    assert all(h.netns.startswith(network.NETNS_PREFIX + "37-") for h in plan.hosts)
+    assert len({h.mac for h in plan.hosts}) == 3
+    # Linux interface names are at most 15 characters.
+    big = network.plan_network(254, 200, isolated=True)
+    assert all(len(n) <= 15 for h in big.hosts for n in (h.veth_outer, h.veth_inner)) and len(big.iface) <= 15
+
+
+def test_loopback_plan_uses_lo_and_distinct_loopback_addresses():
+    plan = network.plan_network(5, 2, isolated=False)
+    assert plan.iface == "lo" and plan.bridge is None and plan.driver_address == "127.0.0.1"
+    assert [h.address for h in plan.hosts] == ["127.213.5.10", "127.213.5.11"]
+    assert all(h.netns is None for h in plan.hosts)
+
+
+@pytest.mark.parametrize("index,n", [(0, 2), (255, 2), (3, 0), (3, 201)])
+def test_plan_rejects_out_of_range(index, n):
+    with pytest.raises(ValueError):
+        network.plan_network(index, n, isolated=True)
+
+
+def test_host_mac_is_fixed_per_host_and_locally_administered():
+    assert network.host_mac(37, 1) == network.host_mac(37, 1) == "02:72:74:25:00:01"
+    assert network.host_mac(37, 1) != network.host_mac(38, 1)
+    assert int(network.host_mac(200, 300).split(":")[0], 16) & 0b10  # locally administered bit
+
+
+def test_namespace_hosts_file_maps_every_host_name_to_its_own_address():
+    plan = network.plan_network(9, 2, isolated=True)
+    text = network.hosts_file_for(plan, plan.hosts[1])
+    assert "10.213.9.11 host-1" in text.splitlines()
+    assert "10.213.9.10 host-0" in text.splitlines()
+    assert "127.0.0.1 localhost" in text.splitlines()
+
+
+def test_in_netns_runs_the_command_inside_the_namespace_with_the_hosts_name():
+    plan = network.plan_network(9, 2, isolated=True)
+    cmd = network.in_netns(plan.hosts[0], ["/usr/sbin/sshd", "-D"])
+    assert cmd[:4] == ["ip", "netns", "exec", "ringtrain-9-host-0"]
+    assert "--uts" in cmd and cmd[-3:] == ["host-0", "/usr/sbin/sshd", "-D"]
+    loop = network.plan_network(9, 2, isolated=False)
+    assert network.in_netns(loop.hosts[0], ["x"]) == ["x"]
+
+
+# ---------------------------------------------------------------- ssh and discovery
+def test_sshd_config_accepts_only_the_cluster_key_on_one_address():
+    text = ssh.sshd_config(address="10.1.2.3", port=2222, host_key=Path("/k/host"),
+                           authorized_keys=Path("/k/auth"))
+    lines = text.splitlines()
+    for expected in ("ListenAddress 10.1.2.3", "Port 2222", "HostKey /k/host", "AuthorizedKeysFile /k/auth",
+                     "PasswordAuthentication no", "UsePAM no"):
+        assert expected in lines
+
+
+def test_ssh_client_config_keeps_no_known_hosts_and_uses_the_cluster_key():
+    text = ssh.ssh_client_config(port=2222, identity_file=Path("/k/id"), user="me")
+    for expected in ("  User me", "  Port 2222", "  IdentityFile /k/id", "  UserKnownHostsFile /dev/null",
+                     "  StrictHostKeyChecking no", "  BatchMode yes"):
+        assert expected in text.splitlines()
+    wrapper = ssh.ssh_wrapper_script("/usr/bin/ssh", Path("/k/cfg"))
+    assert wrapper.endswith('exec /usr/bin/ssh -F /k/cfg "$@"\n')
+
+
+def test_discovery_prints_one_host_slots_line_per_live_host():
+    assert hosts.discovery_lines([("10.0.0.10", 1), ("10.0.0.11", 4)]) == "10.0.0.10:1\n10.0.0.11:4\n"
+    assert hosts.discovery_lines([]) == ""
+    assert hosts.discovery_script(Path("/w/live")) == "#!/bin/sh\nexec cat /w/live\n"
+
+
+def test_workers_are_the_processes_horovod_started():
+    assert procs.is_worker_environment({"HOROVOD_RANK": "0", "PATH": "/bin"})
+    assert not procs.is_worker_environment({"PATH": "/bin"})
+
+
+# ---------------------------------------------------------------- storage, summary, exit codes
+def test_local_storage_uses_the_stacks_bucket_layout():
+    assert bucket_names("rt") == ("rt-datasets", "rt-checkpoints")
+    s = storage_for("rt", "job-1", "demo", "http://10.0.0.1:9000", {"A": "b"})
+    assert s.dataset_uri == "s3://rt-datasets/datasets/demo"
+    assert s.checkpoint_uri == "s3://rt-checkpoints/checkpoints/job-1"
+    assert s.endpoint_url == "http://10.0.0.1:9000" and s.env == {"A": "b"}
+
+
+def test_parse_summary_reads_the_last_summary_line_through_horovods_prefix():
+    lines = ["[1]<stderr>:noise", '[0]<stdout>:RINGTRAIN_SUMMARY {"steps": 5, "interrupted": true}', "tail"]
+    assert parse_summary(lines) == {"steps": 5, "interrupted": True}
+    assert parse_summary(["nothing here"]) == {}
+
+
+def test_worker_exit_codes_come_from_horovodruns_lines():
+    lines = ["Process 1 exit with status code 75.", "x", "Process 0 exit with status code 143."]
+    assert worker_exit_codes(lines) == {1: 75, 0: 143}
+
+
+@pytest.mark.parametrize("rc,codes,summary,expected", [
+    (0, {}, {"interrupted": False}, 0),
+    (1, {1: 75}, {"interrupted": True}, EXIT_INTERRUPTED_RESUMABLE),  # horovodrun says 1; trainer said 75
+    (1, {1: 75, 0: 75}, {}, EXIT_INTERRUPTED_RESUMABLE),               # summary lost, codes agree
+    (1, {0: 2, 1: 2}, {}, EXIT_BAD_INPUT),
+    # A worker exits 75 only after rank 0's checkpoint (the trainer's exit barrier); 143: killed.
+    (1, {1: 75, 0: 143}, {}, EXIT_INTERRUPTED_RESUMABLE),
+    (1, {1: 75, 0: 2}, {}, EXIT_BAD_INPUT),
+    (1, {1: 143, 0: 3}, {}, 3),
+    (1, {}, {}, 1),
+])
+def test_job_exit_code_recovers_the_trainers_meaning(rc, codes, summary, expected):
+    assert job_exit_code(rc, codes, summary) == expected
+
+
+# ---------------------------------------------------------------- flow helpers
+def test_trainer_args_add_data_checkpoints_endpoint_and_elastic():
+    st = Storage(dataset_uri="s3://d/datasets/x", checkpoint_uri="s3://c/checkpoints/j", endpoint_url="http://e:1")
+    job = JobSpec(name="j", num_hosts=2, elastic=True, trainer_args=("--steps", "10"))
+    args = trainer_args_for(job, st)
+    assert args[:2] == ("--steps", "10")
+    assert args[args.index("--data"):args.index("--data") + 2] == ("--data", "s3://d/datasets/x")
+    assert args[args.index("--checkpoint-dir") + 1] == "s3://c/checkpoints/j"
+    assert args[args.index("--s3-endpoint-url") + 1] == "http://e:1"
+    assert "--elastic" in args and "--no-progress" in args
+    # What the job already says wins; AWS storage has no endpoint.
+    job2 = JobSpec(name="j", num_hosts=1, trainer_args=("--data", "s3://mine/x"))
+    args2 = trainer_args_for(job2, Storage("s3://d/x", "s3://c/y"))
+    assert args2.count("--data") == 1 and "s3://mine/x" in args2 and "--s3-endpoint-url" not in args2
+    assert "--elastic" not in args2
+
+
+def test_the_launch_command_is_the_shared_renderer_with_ssh_settings():
+    job = JobSpec(name="j", num_hosts=2, trainer_args=("--steps", "3"))
+    cmd = horovodrun_command(job, hosts=["10.213.1.10:1", "10.213.1.11:1"], python="/venv/python",
+                             extra_horovodrun_args=["--network-interface", "rtbr1", "--ssh-port", "22"])
+    assert cmd[:5] == ["horovodrun", "--gloo", "-np", "2", "-H"]
+    assert cmd[-5:] == ["/venv/python", "-m", "train", "--steps", "3"]
+    assert "--network-interface" in cmd
+
+
+def test_trainer_messages_are_shown_and_horovod_chatter_is_not():
+    assert is_trainer_message("[0]<stderr>:train: error: --steps 0: must be >= 1")
+    assert is_trainer_message("[1]<stderr>:ringtrain: elastic reset, now 1 workers")
+    assert not is_trainer_message("Process 1 exit with status code 75.")
+    assert not is_trainer_message("RuntimeError: Horovod detected that one or more processes exited")
+
+
+def test_format_summary_shows_loss_throughput_checkpoints_and_the_resume():
+    a1 = Attempt(75, {"steps": 50, "initial_loss": 2.3, "final_loss": 1.0, "checkpoints_written": 3,
+                      "resumed_from_step": None, "interrupted": True}, ["host-0", "host-1"])
+    a2 = Attempt(0, {"steps": 100, "initial_loss": 1.0, "final_loss": 0.25, "checkpoints_written": 2,
+                     "resumed_from_step": 50, "samples_per_sec": 123.4, "world_size": 2},
+                 ["host-0", "host-1"])
+    r = FlowResult(job="demo", succeeded=True, exit_code=0, attempts=[a1, a2], summary=a2.summary, metrics=[],
+                   reclaimed=["host-1"], storage=None)
+    text = format_summary(r)
+    assert "2.3000 -> 0.2500" in text
+    assert "123.4" in text and "5 written" in text
+    assert "resumed from step 50" in text and "interrupted (resumable)" in text
+    assert "host-1" in text.splitlines()[-1]
+    assert r.resumed
+
+
+# ---------------------------------------------------------------- CLI
+def _args(*argv):
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_cli_defaults_build_a_two_host_job_with_a_reclaim_halfway():
+    a = _args()
+    check_args(a)
+    job, opts = job_from_args(a), options_from_args(a)
+    assert job.num_hosts == 2 and not job.elastic
+    assert job.trainer_args[job.trainer_args.index("--steps") + 1] == "300"
+    assert opts.reclaim_at_step == 150 and not opts.keep_up and opts.restore_after_s is None
+
+
+def test_cli_elastic_passes_trainer_args_and_restores_the_host_later():
+    a = _args("--elastic", "--hosts", "3", "--min-hosts", "2", "--steps", "40", "--", "--lr", "0.1")
+    check_args(a)
+    job, opts = job_from_args(a), options_from_args(a)
+    assert job.elastic and job.min_hosts == 2 and job.num_hosts == 3
+    assert job.trainer_args[-2:] == ("--lr", "0.1")
+    assert opts.reclaim_at_step == 20 and opts.restore_after_s == 5.0
+    assert options_from_args(_args("--no-reclaim")).reclaim_at_step is None
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--hosts", "0"], "--hosts 0"),
+    (["--steps", "0"], "--steps 0"),
+    (["--reclaim-at-step", "300"], "--reclaim-at-step 300"),
+    (["--min-hosts", "1"], "only with --elastic"),
+    (["--elastic", "--min-hosts", "3"], "--min-hosts 3"),
+    (["--reclaim-host", "host-7"], "host-0 .. host-1"),
+    (["--backend", "aws"], "--stack"),
+    (["--stack", "dev"], "only with --backend aws"),
+    (["--job-name", "Bad_Name"], "--job-name"),
+    (["stray"], "after `--`"),
+])
+def test_cli_rejects_bad_arguments_naming_what_is_wrong(argv, needle):
+    with pytest.raises(UsageError, match=None) as e:
+        check_args(_args(*argv))
+    assert needle in str(e.value)
+
+
+def test_cli_bad_input_is_one_message_and_exit_2_without_traceback():
+    done = subprocess.run([sys.executable, "-m", "cluster.cli", "run", "--hosts", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "run: error: --hosts 0: must be between 1 and 32" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_aws_backend_absent_is_a_clear_error(monkeypatch, capsys):
+    import importlib.util
+
+    from cluster import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cluster.aws.backend" else real(name, *a))
+    assert cli.main(["run", "--backend", "aws", "--stack", "dev"]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "AWS backend (cluster/aws/backend.py) is not in this checkout" in err
