@@ -100,8 +100,8 @@ class CostGuard(pulumi.ComponentResource):
             code=pulumi.AssetArchive({LAMBDA_SOURCE.name: pulumi.FileAsset(str(LAMBDA_SOURCE))}),
             timeout=120,
             memory_size=256,
-            # One run at a time: two overlapping checks could both act on the same group.
-            reserved_concurrent_executions=1,
+            # No reserved concurrency: new accounts must keep 10 unreserved. Runs do not overlap anyway
+            # (a check takes seconds; the schedule is every CHECK_EVERY_MINUTES).
             environment=aws.lambda_.FunctionEnvironmentArgs(
                 variables=guard_environment(cluster.name, args.gpu_node_groups, args.config)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, self.policy,

@@ -9,10 +9,13 @@ during the idle window, the group's desired size is set to its minimum (0: confi
 GPU groups) with eks:UpdateNodegroupConfig. The node group's desired size is ignored by `pulumi up`
 (infra/nodegroups.py), so the next deployment does not bring the nodes back.
 
-A node without any GPU datapoint over the whole window counts as idle: with telemetry broken the
-guard errs on the side of the bill (a resumable job loses at most the work since its checkpoint;
-an unwatched p5 costs ~$55/h). Anchors: ParallelCluster ScaledownIdletime 10 min, SkyPilot
-autostop 5-10 min (FIELD_NOTES §4).
+A node without any GPU datapoint over the window (telemetry not running there) is judged by its
+EC2 CPUUtilization instead (1-minute detailed monitoring, set in its launch template), with the
+same threshold: a running Horovod job keeps several cores busy, an idle node's agents stay near 1%.
+A node with neither signal for the whole window counts as idle: the guard then errs on the side of
+the bill (a resumable job loses at most the work since its checkpoint; an unwatched p5 costs
+~$55/h). Anchors: ParallelCluster ScaledownIdletime 10 min, SkyPilot autostop 5-10 min
+(FIELD_NOTES §4).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from typing import Any
 
 METRIC_NAMESPACE = "ContainerInsights"
 GPU_METRIC = "node_gpu_utilization"
+EC2_NAMESPACE = "AWS/EC2"
+CPU_METRIC = "CPUUtilization"
+# Node groups in these states can be scaled; others (CREATING, UPDATING, DELETING) are left alone.
+SCALABLE_STATES = ("ACTIVE", "DEGRADED")
 PERIOD_SECONDS = 60
 
 log = logging.getLogger("ringtrain.scale_to_zero")
@@ -60,6 +67,7 @@ class NodeActivity:
     instance_id: str
     launched_at: datetime
     gpu_peak: float | None  # highest GPU utilisation (%) in the idle window; None: no datapoint
+    cpu_peak: float | None = None  # highest EC2 CPU utilisation (%): the fallback signal
 
 
 def idle_verdict(nodes: list[NodeActivity], now: datetime, idle_minutes: int, threshold: float,
@@ -71,9 +79,14 @@ def idle_verdict(nodes: list[NodeActivity], now: datetime, idle_minutes: int, th
     for node in nodes:
         if now - node.launched_at < settle:
             return False, f"{node.instance_id} started less than {idle_minutes}+{grace_minutes} min ago"
-        if node.gpu_peak is not None and node.gpu_peak >= threshold:
-            return False, f"{node.instance_id} GPU peaked at {node.gpu_peak:.1f}% (threshold {threshold}%)"
-    return True, f"{len(nodes)} node(s) below {threshold}% GPU for {idle_minutes} min"
+        if node.gpu_peak is not None:
+            if node.gpu_peak >= threshold:
+                return False, (f"{node.instance_id} GPU peaked at {node.gpu_peak:.1f}% "
+                               f"(threshold {threshold}%)")
+        elif node.cpu_peak is not None and node.cpu_peak >= threshold:
+            return False, (f"{node.instance_id} has no GPU metrics; its CPU peaked at {node.cpu_peak:.1f}% "
+                           f"(threshold {threshold}%)")
+    return True, f"{len(nodes)} node(s) below {threshold}% utilisation for {idle_minutes} min"
 
 
 def _running_instances(ec2, cluster: str, node_group: str) -> list[dict[str, Any]]:
@@ -96,8 +109,17 @@ def _gpu_peak(cloudwatch, cluster: str, instance_id: str, start: datetime, end: 
         Dimensions=[{"Name": "ClusterName", "Value": cluster}, {"Name": "InstanceId", "Value": instance_id}],
     ):
         metrics.extend(page["Metrics"])
-    if not metrics:
-        return None
+    return _peak(cloudwatch, metrics, start, end)
+
+
+def _cpu_peak(cloudwatch, instance_id: str, start: datetime, end: datetime) -> float | None:
+    metric = {"Namespace": EC2_NAMESPACE, "MetricName": CPU_METRIC,
+              "Dimensions": [{"Name": "InstanceId", "Value": instance_id}]}
+    return _peak(cloudwatch, [metric], start, end)
+
+
+def _peak(cloudwatch, metrics: list[dict[str, Any]], start: datetime, end: datetime) -> float | None:
+    """Highest 1-minute Maximum of any of `metrics` between start and end (None: no datapoint)."""
     peak: float | None = None
     # GetMetricData takes up to 500 queries per call; a node has one series per GPU plus a node series.
     for offset in range(0, len(metrics), 500):
@@ -118,19 +140,16 @@ def check_group(clients: dict[str, Any], settings: GuardSettings, node_group: st
     eks, ec2, cloudwatch = clients["eks"], clients["ec2"], clients["cloudwatch"]
     group = eks.describe_nodegroup(clusterName=settings.cluster_name, nodegroupName=node_group)["nodegroup"]
     scaling = group["scalingConfig"]
-    if group.get("status") != "ACTIVE":
+    if group.get("status") not in SCALABLE_STATES:
         return {"nodeGroup": node_group, "action": "none", "why": f"status {group.get('status')}"}
     if scaling["desiredSize"] <= scaling["minSize"]:
         return {"nodeGroup": node_group, "action": "none", "why": "already at its minimum size"}
     start = now - timedelta(minutes=settings.idle_minutes)
-    nodes = [
-        NodeActivity(
-            instance_id=inst["InstanceId"],
-            launched_at=inst["LaunchTime"],
-            gpu_peak=_gpu_peak(cloudwatch, settings.cluster_name, inst["InstanceId"], start, now),
-        )
-        for inst in _running_instances(ec2, settings.cluster_name, node_group)
-    ]
+    nodes = []
+    for inst in _running_instances(ec2, settings.cluster_name, node_group):
+        gpu = _gpu_peak(cloudwatch, settings.cluster_name, inst["InstanceId"], start, now)
+        cpu = _cpu_peak(cloudwatch, inst["InstanceId"], start, now) if gpu is None else None
+        nodes.append(NodeActivity(inst["InstanceId"], inst["LaunchTime"], gpu, cpu))
     idle, why = idle_verdict(nodes, now, settings.idle_minutes, settings.idle_gpu_percent,
                              settings.grace_minutes)
     if not idle:

@@ -14,8 +14,8 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 OLD = NOW - timedelta(hours=2)
 
 
-def node(iid="i-1", launched=OLD, peak=None):
-    return NodeActivity(instance_id=iid, launched_at=launched, gpu_peak=peak)
+def node(iid="i-1", launched=OLD, peak=None, cpu=None):
+    return NodeActivity(instance_id=iid, launched_at=launched, gpu_peak=peak, cpu_peak=cpu)
 
 
 def test_idle_when_every_gpu_stayed_below_threshold():
@@ -34,8 +34,19 @@ def test_not_idle_while_a_node_is_younger_than_window_plus_grace():
     assert not idle and "i-new" in why
 
 
-def test_no_datapoints_on_an_old_node_counts_as_idle():
-    idle, _ = idle_verdict([node("i-1", peak=None)], NOW, 15, 5, 10)
+def test_without_gpu_metrics_the_node_cpu_decides():
+    idle, why = idle_verdict([node("i-1", peak=None, cpu=37.0)], NOW, 15, 5, 10)
+    assert not idle and "no GPU metrics" in why
+    assert idle_verdict([node("i-1", peak=None, cpu=1.5)], NOW, 15, 5, 10)[0]
+
+
+def test_gpu_metrics_win_over_cpu():
+    # Busy CPU (data loading) with idle GPUs for the whole window is still an idle GPU node.
+    assert idle_verdict([node("i-1", peak=0.0, cpu=60.0)], NOW, 15, 5, 10)[0]
+
+
+def test_no_datapoints_at_all_on_an_old_node_counts_as_idle():
+    idle, _ = idle_verdict([node("i-1", peak=None, cpu=None)], NOW, 15, 5, 10)
     assert idle
 
 
@@ -103,6 +114,14 @@ def put_gpu(aws, instance_id, values, at):
     aws["cloudwatch"].put_metric_data(Namespace=METRIC_NAMESPACE, MetricData=data)
 
 
+def put_cpu(aws, instance_id, values, at):
+    dims = [{"Name": "InstanceId", "Value": instance_id}]
+    data = [{"MetricName": "CPUUtilization", "Dimensions": dims,
+             "Timestamp": at - timedelta(minutes=len(values) - 1 - k), "Value": v}
+            for k, v in enumerate(values)]
+    aws["cloudwatch"].put_metric_data(Namespace="AWS/EC2", MetricData=data)
+
+
 def desired(aws, name):
     ng = aws["eks"].describe_nodegroup(clusterName=CLUSTER, nodegroupName=name)["nodegroup"]
     return ng["scalingConfig"]["desiredSize"]
@@ -112,12 +131,15 @@ def test_run_scales_the_idle_group_to_zero_and_leaves_the_busy_one(aws):
     idle_ids = make_group(aws, f"{CLUSTER}-idle", 2, 2)
     busy_ids = make_group(aws, f"{CLUSTER}-busy", 1, 1)
     make_group(aws, f"{CLUSTER}-empty", 0, 0)
+    blind_ids = make_group(aws, f"{CLUSTER}-blind", 1, 1)  # no GPU telemetry, CPU busy
     # moto stamps LaunchTime with the real clock: evaluate "now" well after launch + window + grace.
     now = datetime.now(UTC) + timedelta(minutes=40)
     for iid in idle_ids:
         put_gpu(aws, iid, [0.0, 1.0, 3.0, 0.0], now - timedelta(minutes=1))
     put_gpu(aws, busy_ids[0], [0.0, 97.0, 99.0], now - timedelta(minutes=2))
-    settings = GuardSettings(CLUSTER, (f"{CLUSTER}-idle", f"{CLUSTER}-busy", f"{CLUSTER}-empty"), 15, 5.0, 10)
+    put_cpu(aws, blind_ids[0], [40.0, 42.0], now - timedelta(minutes=3))
+    groups = tuple(f"{CLUSTER}-{g}" for g in ("idle", "busy", "empty", "blind"))
+    settings = GuardSettings(CLUSTER, groups, 15, 5.0, 10)
 
     results = {r["nodeGroup"]: r for r in run(aws, settings, now=now)}
 
@@ -127,6 +149,8 @@ def test_run_scales_the_idle_group_to_zero_and_leaves_the_busy_one(aws):
     assert results[f"{CLUSTER}-empty"]["why"] == "already at its minimum size"
     assert desired(aws, f"{CLUSTER}-idle") == 0
     assert desired(aws, f"{CLUSTER}-busy") == 1
+    assert "no GPU metrics; its CPU peaked at 42.0%" in results[f"{CLUSTER}-blind"]["why"]
+    assert desired(aws, f"{CLUSTER}-blind") == 1
 
 
 def test_run_keeps_nodes_inside_their_start_up_grace(aws):
