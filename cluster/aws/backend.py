@@ -32,6 +32,7 @@ from .mpijob import (
     image_reference,
     read_image_version,
     render_mpijob,
+    worker_hostnames,
     worker_nodes,
 )
 from .outputs import NodeGroupOutput, StackOutputs, parse_outputs
@@ -164,7 +165,9 @@ class AwsBackend(Backend):
         self._k().run("delete", "mpijob", job.name, "-n", namespace, "--ignore-not-found", "--wait=true")
         self._k().apply(manifest)
         self._log(f"submitted MPIJob {namespace}/{job.name} on node group {group.name}")
-        return JobHandle(name=job.name, backend=self.name, details={"namespace": namespace, "log": []})
+        hosts = worker_hostnames(job, namespace)
+        return JobHandle(name=job.name, backend=self.name,
+                         details={"namespace": namespace, "log": [], "hosts": hosts})
 
     def logs(self, handle: JobHandle) -> Iterator[str]:
         namespace = handle.details["namespace"]

@@ -281,6 +281,15 @@ def _rate(value: float | None) -> str:
     return "$" + (text + "0" if len(text.split(".")[1]) < 2 else text)
 
 
+def gpus_at_full_scale(plan: Plan) -> dict[str, int]:
+    """GPU model -> GPUs with every GPU group at maxSize."""
+    out: dict[str, int] = {}
+    for g in plan.node_groups:
+        if g.role == "gpu" and g.gpu_model:
+            out[g.gpu_model] = out.get(g.gpu_model, 0) + g.max_size * g.gpus_per_node
+    return out
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     cost = plan.cost
 
@@ -294,6 +303,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "resourceCounts": plan.resource_counts,
         "resourceTotal": sum(plan.resource_counts.values()),
         "nodeGroups": [asdict(g) | {"instance_types": list(g.instance_types)} for g in plan.node_groups],
+        "gpusAtFullScale": gpus_at_full_scale(plan),
         "natGateways": plan.nat_gateways,
         "eksClusters": plan.eks_clusters,
         "cost": {
@@ -329,6 +339,10 @@ def plan_to_table(plan: Plan) -> str:
                 for g in plan.node_groups]
         out.append(tabulate(rows, headers=["node group", "role", "instance types", "GPUs/node", "GPU",
                                            "EFA/node", "capacity", "min", "desired", "max"]))
+        gpus = gpus_at_full_scale(plan)
+        if gpus:
+            listed = ", ".join(f"{n} x {model}" for model, n in sorted(gpus.items()))
+            out.append(f"GPUs at full scale: {listed}")
         out.append("")
     rows = [[line.item, line.quantity, _rate(line.usd_per_hour_each), _money(line.usd_per_hour), line.note]
             for line in cost.full_scale]

@@ -212,6 +212,7 @@ def test_run_flow_scales_then_tears_down_when_the_cluster_is_unreachable(dev_exp
     assert _desired(moto_aws, dev_exports["clusterName"]) == 2
     assert ops.calls[0] == ("up", {"ringtrain:compute": "true"})
     assert ops.calls[-1] == ("up", {"ringtrain:compute": "false"})  # teardown ran
+    assert not any("submitted" in line for line in lines)
 
 
 def test_run_flow_tears_down_on_ctrl_c(dev_exports, tmp_path, moto_aws):

@@ -16,6 +16,7 @@ from cluster.aws.plan import (
     NodeGroupPlan,
     PlanError,
     estimate_cost,
+    gpus_at_full_scale,
     offline_plan,
     plan_to_dict,
     plan_to_json,
@@ -70,6 +71,7 @@ def test_dev_plan_and_cost(dev):
     assert dev.cost.idle_usd_per_hour == pytest.approx(0.3466)
     assert dev.cost.full_scale_usd_per_hour == pytest.approx(full) == pytest.approx(59.6234)
     assert dev.cost.run_usd == pytest.approx(596.23)         # 59.6234 x 10 h, to the cent
+    assert gpus_at_full_scale(dev) == {"A10G": 4 * 4, "L4": 4 * 4}
     assert idle == pytest.approx(0.3466)
 
 
@@ -91,6 +93,7 @@ def test_prod_plan_and_cost(prod):
     assert prod.cost.full_scale_usd_per_hour == pytest.approx(full) == pytest.approx(440.9582)
     assert prod.cost.run_usd == pytest.approx(4409.58)       # 440.9582 x 10 h
     assert any("us-west-2 prices may differ" in n for n in prod.notes)
+    assert gpus_at_full_scale(prod) == {"H100": (4 + 4) * 8}
 
 
 def test_compute_off_leaves_only_the_data_layer_and_network():
@@ -119,6 +122,7 @@ def test_table_and_json_state_list_prices_and_their_date(dev):
     assert "(2025-11)" in table and "list price" in table.lower()
     assert "spot at on-demand list price (upper bound)" in table
     assert "$0.045" in table and "$8.144" in table
+    assert "GPUs at full scale: 16 x A10G, 16 x L4" in table
     doc = json.loads(plan_to_json(dev))
     assert doc == plan_to_dict(dev)
     assert doc["cost"]["fullScaleUsdPerHour"] == pytest.approx(59.6234)
