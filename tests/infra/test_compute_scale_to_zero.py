@@ -168,3 +168,25 @@ def test_run_fails_loudly_when_a_group_cannot_be_checked(aws):
         run(aws, settings, now=datetime.now(UTC))
     # The healthy group was still checked.
     assert f"{CLUSTER}-ok" in str(info.value)
+
+
+def test_lambda_source_is_standalone_and_packaged_alone():
+    """The Lambda ships one file: it may import only the standard library and boto3."""
+    import ast
+    import sys
+
+    from infra.costguard import LAMBDA_HANDLER, LAMBDA_SOURCE
+    from tests.infra.harness import run_program
+
+    tree = ast.parse(LAMBDA_SOURCE.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported - {"boto3"} <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    module, function = LAMBDA_HANDLER.split(".")
+    assert LAMBDA_SOURCE.stem == module
+    assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in tree.body)
+
+    fn = run_program("dev").one("aws:lambda/function:Function")
+    assets = fn.inputs["code"].assets
+    assert list(assets) == [LAMBDA_SOURCE.name]
+    assert assets[LAMBDA_SOURCE.name].path == str(LAMBDA_SOURCE)
