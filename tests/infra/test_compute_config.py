@@ -92,3 +92,15 @@ def test_admin_principal_that_is_not_an_iam_arn_is_refused():
     expected = ("ringtrain:cluster.adminPrincipalArns: [\"alice\"] is invalid: "
                 "'alice' is not an IAM role or user ARN")
     assert expected in fails_with(cfg)
+
+
+def test_compute_false_declares_none_of_the_compute_layer():
+    result = run_program("dev", config=dev_with(compute=False))
+    compute_types = [r.type for r in result.resources
+                     if r.type.startswith(("aws:eks/", "kubernetes:", "pulumi:providers:kubernetes",
+                                           "aws:lambda/", "aws:budgets/", "aws:ec2/launchTemplate",
+                                           "aws:ec2/placementGroup", "ringtrain:compute:"))]
+    assert compute_types == []
+    for key in ("clusterName", "kubeconfig", "nodeGroups", "trainingRoleArn"):
+        assert key not in result.exports
+    assert result.exports["datasetsBucket"]  # the data layer stays
