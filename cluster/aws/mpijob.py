@@ -2,10 +2,12 @@
 
 Shape (FIELD_NOTES §1, §5, §6):
 - one launcher on the on-demand system nodes (Horovod's driver is not fault tolerant, so it must not
-  sit on a spot node, horovod#2653) running exactly `cluster.launch.horovodrun_command(job, ...)`;
+  sit on a spot node, horovod#2653) running exactly `cluster.launch.horovodrun_command(job, ...)`
+  through the image's entrypoint (`entrypoint.py launcher -- CMD`, which applies the image's NCCL/EFA
+  defaults first);
   static jobs name the worker hosts the operator writes into /etc/mpi/hostfile, elastic jobs use the
   operator's /etc/mpi/discover_hosts.sh, which lists the running workers;
-- one worker per GPU node (sshd, which the launcher's horovodrun reaches over ssh) requesting the
+- one worker per GPU node (`entrypoint.py sshd`; horovodrun reaches it over ssh) requesting the
   node's GPUs and, on EFA groups, all its EFA interfaces, 2 MiB hugepages and a memory-backed
   /dev/shm as the AWS reference jobs do, tolerating the GPU taint;
 - both pods run as the stack's IRSA service account, so S3 credentials come from the pod's role.
@@ -28,6 +30,9 @@ from .outputs import NodeGroupOutput, StackOutputs
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
 SSH_AUTH_MOUNT_PATH = "/root/.ssh"
+# Modes of the image's ENTRYPOINT (image/entrypoint.py); pods set `args`, so the entrypoint stays.
+LAUNCHER_ARGS = ("launcher", "--")
+WORKER_ARGS = ("sshd",)
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 # AWS reference jobs (awsome-distributed-training, p5 examples) request this with EFA.
@@ -189,7 +194,7 @@ def render_mpijob(
             "containers": [{
                 "name": "launcher",
                 "image": image,
-                "command": launcher_command(job, namespace),
+                "args": [*LAUNCHER_ARGS, *launcher_command(job, namespace)],
                 **({"env": env} if env else {}),
                 "resources": {"requests": {"cpu": launcher.cpu, "memory": launcher.memory}},
             }],
@@ -225,8 +230,8 @@ def render_mpijob(
             "containers": [{
                 "name": "worker",
                 "image": image,
-                # The operator's default for workers, stated: horovodrun reaches the workers over ssh.
-                "command": ["/usr/sbin/sshd", "-De"],
+                # Host keys, then sshd in the foreground: horovodrun reaches the workers over ssh.
+                "args": list(WORKER_ARGS),
                 **({"env": env} if env else {}),
                 "resources": resources,
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],

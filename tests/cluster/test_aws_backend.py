@@ -105,7 +105,7 @@ def test_render_uses_the_stack_outputs_and_image_version(dev_exports, tmp_path):
     assert container["image"] == f"{dev_exports['ecrRepositoryUrl']}:{version}"
     assert worker["serviceAccountName"] == "trainer" and manifest["metadata"]["namespace"] == "training"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4  # g5.12xlarge / g5.24xlarge: 4 GPUs
-    cmd = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    cmd = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
     assert cmd[cmd.index("--data") + 1] == "s3://acme-ringtrain-dev-datasets/datasets/cifar"
     assert cmd[cmd.index("--checkpoint-dir") + 1] == "s3://acme-ringtrain-dev-checkpoints/checkpoints/r1"
     storage = backend.storage("r1")

@@ -76,8 +76,8 @@ def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(outputs_file, c
              worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
                  "nodeSelectorTerms"][0]["matchExpressions"]}
     assert exprs["ringtrain.io/node-pool"] == ["l4-spot"]
-    cmd = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
-    assert cmd[:4] == ["horovodrun", "--gloo", "-np", "8"]
+    cmd = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    assert cmd[:6] == ["launcher", "--", "horovodrun", "--gloo", "-np", "8"]
     assert cmd[cmd.index("train") + 1:][:2] == ["--steps", "50"]
     assert "s3://acme-ringtrain-dev-datasets/datasets/dry" in cmd
 

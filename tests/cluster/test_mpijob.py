@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -103,11 +104,12 @@ def test_static_launcher_runs_horovodrun_on_the_operator_hostnames():
     spec = manifest["spec"]
     launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     hosts = "j1-worker-0.j1-worker.training.svc:8,j1-worker-1.j1-worker.training.svc:8"
-    assert launcher["command"] == ["horovodrun", "--gloo", "-np", "16", "-H", hosts,
+    assert "command" not in launcher  # the image's entrypoint stays
+    assert launcher["args"] == ["launcher", "--", "horovodrun", "--gloo", "-np", "16", "-H", hosts,
                                    "python", "-m", "train", "--steps", "10",
                                    "--data", "s3://acme-datasets/datasets/cifar",
                                    "--checkpoint-dir", "s3://acme-ckpt/checkpoints/j1"]
-    assert "--host-discovery-script" not in launcher["command"]
+    assert "--host-discovery-script" not in launcher["args"]
     assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     assert spec["slotsPerWorker"] == 8
@@ -118,7 +120,7 @@ def test_static_launcher_runs_horovodrun_on_the_operator_hostnames():
 def test_elastic_launcher_uses_the_operator_discovery_script():
     manifest = render(ELASTIC, G5_SPOT)
     spec = manifest["spec"]
-    cmd = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    cmd = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
     script = cmd[cmd.index("--host-discovery-script") + 1]
     assert script == MPI_OPERATOR_DISCOVERY_SCRIPT == "/etc/mpi/discover_hosts.sh"
     assert cmd[cmd.index("--min-np") + 1] == "8" and cmd[cmd.index("--max-np") + 1] == "16"
@@ -235,7 +237,7 @@ def test_node_labels_match_what_the_node_groups_set():
 
 def test_storage_flags_come_from_the_stack_unless_the_job_names_its_own():
     job = JobSpec(name="j3", num_hosts=1, slots_per_host=1, trainer_args=("--data=synthetic",))
-    cmd = render(job)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    cmd = render(job)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
     assert cmd[cmd.index("train") + 1:] == ["--data=synthetic", "--checkpoint-dir", "s3://acme-ckpt/checkpoints/j1"]
 
 
@@ -249,3 +251,29 @@ def test_job_and_store_environment_reach_both_pods():
         (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
         assert container["env"] == [{"name": "AWS_ENDPOINT_URL", "value": "http://127.0.0.1:9000"},
                                     {"name": "NCCL_DEBUG", "value": "INFO"}]
+
+
+def test_pod_args_are_modes_the_image_entrypoint_accepts():
+    """The launcher and worker `args` parse with image/entrypoint.py's own parser."""
+    import importlib.util
+
+    path = REPO_ROOT / "image" / "entrypoint.py"
+    spec = importlib.util.spec_from_file_location("ringtrain_entrypoint", path)
+    entrypoint = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = entrypoint  # dataclasses resolve their module by name
+    spec.loader.exec_module(entrypoint)
+    replicas = render(STATIC)["spec"]["mpiReplicaSpecs"]
+    def args(role):
+        return replicas[role]["template"]["spec"]["containers"][0]["args"]
+
+    launcher = entrypoint.parse_invocation(args("Launcher"), {})
+    assert launcher.mode == "launcher" and not launcher.selftest
+    assert list(launcher.args) == launch_args(STATIC)
+    worker = entrypoint.parse_invocation(args("Worker"), {})
+    assert worker.mode == "sshd"
+
+
+def launch_args(job):
+    from cluster.aws.mpijob import launcher_command, with_storage_args
+
+    return launcher_command(with_storage_args(job, STORAGE), NS)
