@@ -36,7 +36,7 @@ class Progress:
     step: int = 0
     epoch: int = 0
     offset: int = 0
-    elastic_resets: int = 0
+    last_checkpoint_step: int | None = None  # on the state so every rank agrees on it after a reset
 
 
 @dataclass
@@ -87,9 +87,13 @@ class Trainer:
         self._writer: ckpt.BackgroundWriter | None = None
         self._log: MetricsLog | None = None
         self.resumed_from_step: int | None = None
-        self.last_checkpoint_step: int | None = None
         self.summary_printed = False
         self.saved_loss: float | None = None  # loss recorded in the checkpoint we resumed from
+        # Run-level figures; they survive an elastic reset, which re-enters loop().
+        self.initial_loss: float | None = None
+        self.samples_total = 0
+        self.train_time = 0.0
+        self.elastic_resets = 0
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -195,7 +199,7 @@ class Trainer:
         else:  # a different world size: the streams cannot continue exactly; derive fresh ones
             torch.manual_seed(self.cfg.seed * 1_000_003 + 7919 * (rank + 1) + progress.step)
         self.resumed_from_step = progress.step
-        self.last_checkpoint_step = progress.step
+        progress.last_checkpoint_step = progress.step
         self.saved_loss = state.get("loss")
 
     # ---- one step ---------------------------------------------------------------------------
@@ -269,7 +273,7 @@ class Trainer:
                 "loss": loss,
             }
             self.writer.submit(progress.step, ckpt.serialize(state))
-        self.last_checkpoint_step = progress.step
+        progress.last_checkpoint_step = progress.step
 
     # ---- the loop ---------------------------------------------------------------------------
     def loop(self, progress, commit=None) -> RunResult:
@@ -277,20 +281,22 @@ class Trainer:
         step_sleep = float(os.environ.get(FAULT_STEP_SLEEP_ENV, "0") or 0)
         samples_per_step = cfg.data.batch_size * cfg.horovod.backward_passes_per_step
         start_step = progress.step
-        initial_loss = None
         t_start = t_window = time.perf_counter()
         window_samples = 0
-        samples_total = 0
         interrupted = False
         while progress.step < cfg.steps:
             stop = self.train_step(progress)
             if step_sleep:
                 time.sleep(step_sleep)
             window_samples += samples_per_step * hvd.size()
-            samples_total += samples_per_step * hvd.size()
-            if initial_loss is None:
-                initial_loss = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
-                                             name="ringtrain.initial_loss").item()
+            self.samples_total += samples_per_step * hvd.size()
+            if progress.step == start_step + 1:
+                # Every rank enters loop() together (also after an elastic reset), so every rank
+                # takes part in this allreduce; only the run's first value is kept.
+                first = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
+                                      name="ringtrain.initial_loss").item()
+                if self.initial_loss is None:
+                    self.initial_loss = first
             if self.log is not None:
                 self.log.advance()
             last = progress.step >= cfg.steps
@@ -318,14 +324,15 @@ class Trainer:
                 self.save_checkpoint(progress, None)
                 if commit is not None:
                     commit()
-        elapsed = time.perf_counter() - t_start
+        self.train_time += time.perf_counter() - t_start
 
+        initial_loss = self.initial_loss
         if progress.step > start_step:
             final_loss = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
                                        name="ringtrain.final_loss").item()
         else:  # nothing left to do: the checkpoint we resumed from already reached --steps
             final_loss = initial_loss = self.saved_loss
-        if self.checkpoints is not None and self.last_checkpoint_step != progress.step:
+        if self.checkpoints is not None and progress.last_checkpoint_step != progress.step:
             self.save_checkpoint(progress, final_loss)
         if self.writer is not None:
             self.writer.wait()
@@ -333,12 +340,12 @@ class Trainer:
             "steps": progress.step,
             "final_loss": final_loss,
             "initial_loss": initial_loss,
-            "samples_per_sec": samples_total / elapsed if elapsed > 0 and samples_total else 0.0,
+            "samples_per_sec": self.samples_total / self.train_time if self.train_time > 0 else 0.0,
             "resumed_from_step": self.resumed_from_step,
             "checkpoints_written": self.writer.written if self.writer is not None else 0,
             "world_size": hvd.size(),
             "interrupted": interrupted,
-            "elastic_resets": int(getattr(progress, "elastic_resets", 0)),
+            "elastic_resets": self.elastic_resets,
         }
         if hvd.rank() == 0 and not self.summary_printed:
             if self._log is not None:
@@ -409,11 +416,13 @@ def _run_elastic(trainer: Trainer, hvd) -> int:
     if found is not None:
         trainer.apply_checkpoint(found.state, progress)
     state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
-                                   epoch=progress.epoch, offset=progress.offset, elastic_resets=0,
+                                   epoch=progress.epoch, offset=progress.offset,
+                                   last_checkpoint_step=progress.last_checkpoint_step,
                                    resumed_from_step=trainer.resumed_from_step)
 
     def on_reset() -> None:
-        state.elastic_resets += 1
+        # Counted per process, not on the state: state.sync() restores the last commit.
+        trainer.elastic_resets += 1
         print(f"ringtrain: elastic reset, now {hvd.size()} workers", file=sys.stderr, flush=True)
 
     state.register_reset_callbacks([on_reset])

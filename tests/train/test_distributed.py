@@ -1,0 +1,180 @@
+"""Real multi-process training under `horovodrun --gloo` on loopback: convergence, spot-safe stop and exact
+resume, a writer killed mid-checkpoint, bad input on every rank, and elastic loss and rejoin of a worker."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import stat
+
+import psutil
+import pytest
+import torch
+
+from cluster.local.objectstore import LOCAL_CREDENTIALS
+from tests.train.conftest import (
+    VENV_BIN,
+    finish,
+    horovodrun_cmd,
+    metrics_steps,
+    run,
+    start,
+    train_workers,
+    wait_for,
+    worker_env,
+)
+from train import checkpoint as ckpt
+from train import data as data_mod
+from train.metrics import parse_summary
+from train.storage import open_store
+
+pytestmark = pytest.mark.slow
+
+
+def latest_state(uri: str) -> ckpt.Found:
+    return ckpt.CheckpointStore(open_store(uri), keep=10).latest_valid()
+
+
+def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_bucket, tmp_path, monkeypatch):
+    env = worker_env({**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": object_store.endpoint_url})
+    data_uri = f"s3://{s3_bucket}/datasets/toy"
+    ck_uri = f"s3://{s3_bucket}/checkpoints/job"
+    for k, v in LOCAL_CREDENTIALS.items():  # for the generator and the checks in this process
+        monkeypatch.setenv(k, v)
+    data_mod.generate(data_uri, shards=2, samples_per_shard=512, seed=11,
+                      endpoint_url=object_store.endpoint_url)
+    metrics = tmp_path / "m.jsonl"
+    r = run(horovodrun_cmd(2, "--data", data_uri, "--steps", "80", "--lr", "0.05", "--log-every", "20",
+                           "--checkpoint-dir", ck_uri, "--checkpoint-every", "20", "--keep-checkpoints", "2",
+                           "--metrics-file", str(metrics)), env=env)
+    assert r.returncode == 0, r.stdout[-4000:]
+    s = parse_summary(r.stdout)
+    assert s["world_size"] == 2 and s["steps"] == 80 and s["checkpoints_written"] == 4
+    assert s["final_loss"] < 0.5 * s["initial_loss"], s
+    assert s["samples_per_sec"] > 0
+    checkpoints = ckpt.CheckpointStore(open_store(ck_uri, object_store.endpoint_url), keep=2)
+    assert checkpoints.valid_steps() == [60, 80]
+    found = checkpoints.latest_valid()
+    assert found.step == 80 and found.state["world_size"] == 2 and len(found.state["rng"]) == 2
+    # Every rank's dropout stream is its own.
+    assert not torch.equal(found.state["rng"][0]["torch"], found.state["rng"][1]["torch"])
+    assert metrics_steps(metrics) == [20, 40, 60, 80]
+
+
+def test_sigterm_on_one_worker_stops_all_and_resume_is_bitwise_exact(tmp_path, local_dataset):
+    common = ("--data", str(local_dataset), "--steps", "60", "--dropout", "0.1", "--log-every", "1",
+              "--checkpoint-every", "25", "--seed", "5")
+    ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(tmp_path / "ref")))
+    assert ref.returncode == 0, ref.stdout[-4000:]
+
+    ck, metrics = tmp_path / "spot", tmp_path / "m.jsonl"
+    proc = start(horovodrun_cmd(2, *common, "--checkpoint-dir", str(ck), "--metrics-file", str(metrics)),
+                 env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.05"}))
+    at = random.randint(3, 30)
+    wait_for(lambda: metrics_steps(metrics) and metrics_steps(metrics)[-1] >= at, 120, f"step {at}", proc)
+    workers = wait_for(lambda: len(train_workers(proc)) == 2 and train_workers(proc), 10, "2 workers")
+    random.choice(workers).send_signal(signal.SIGTERM)  # a spot reclaim hits one node
+    out = finish(proc)
+    s = parse_summary(out)
+    assert s["interrupted"] is True and at <= s["steps"] < 60, s
+    # horovodrun itself reports failure; each worker's code is what marks the run resumable.
+    assert "exit with status code 75" in out
+    assert all(code == "75" for code in _worker_exit_codes(out)), out[-3000:]
+    assert latest_state(str(ck)).step == s["steps"]
+
+    resumed = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(ck)))
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    s2 = parse_summary(resumed.stdout)
+    assert s2["resumed_from_step"] == s["steps"] and s2["steps"] == 60
+    assert s2["final_loss"] == parse_summary(ref.stdout)["final_loss"]
+
+    a, b = latest_state(str(tmp_path / "ref")).state, latest_state(str(ck)).state
+    assert a["step"] == b["step"] == 60
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), f"parameter {name} differs after resume"
+    for pid, st in a["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], b["optimizer"]["state"][pid]["momentum_buffer"])
+    assert a["sampler"] == b["sampler"]
+    assert all(torch.equal(x["torch"], y["torch"]) for x, y in zip(a["rng"], b["rng"], strict=True))
+
+
+def _worker_exit_codes(out: str) -> list[str]:
+    marker = " exit with status code "
+    return [line.rsplit(" ", 1)[1].rstrip(".") for line in out.splitlines() if marker in line]
+
+
+def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(tmp_path, local_dataset):
+    ck = tmp_path / "ck"
+    args = ("--data", str(local_dataset), "--checkpoint-dir", str(ck), "--checkpoint-every", "10")
+    # Slow uploads: the manifest of each checkpoint comes 4 s after its objects.
+    proc = start(horovodrun_cmd(2, *args, "--steps", "300"),
+                 env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.02", ckpt.FAULT_DELAY_ENV: "4"}))
+    partial = ck / "step-000000020"
+    wait_for(lambda: (ck / "step-000000010" / "manifest.json").exists() and (partial / "state.pt").exists(),
+             120, "checkpoint 10 complete and checkpoint 20 half-written", proc)
+    assert not (partial / "manifest.json").exists()
+    for p in train_workers(proc):
+        p.send_signal(signal.SIGKILL)  # the node vanishes mid-write
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+    r = run(horovodrun_cmd(2, *args, "--steps", "25"))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert parse_summary(r.stdout)["resumed_from_step"] == 10
+    assert "skipping checkpoint" in r.stdout and "step-000000020: no manifest" in r.stdout
+    assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [10, 20, 25]
+
+
+def test_unreachable_endpoint_fails_every_rank_fast(tmp_path):
+    from cluster.local.objectstore import free_port
+
+    r = run(horovodrun_cmd(2, "--data", "s3://bucket/ds", "--s3-endpoint-url", f"http://127.0.0.1:{free_port()}"),
+            env=worker_env(LOCAL_CREDENTIALS), timeout=120)
+    assert r.returncode != 0
+    assert r.stdout.count("train: error: cannot reach the S3 endpoint") == 1, r.stdout[-3000:]
+    assert "Traceback (most recent call last)" not in r.stdout.split("RuntimeError: Horovod detected")[0]
+    assert "exit with status code 2" in r.stdout and "RINGTRAIN_SUMMARY" not in r.stdout
+
+
+def _local_host_names() -> list[str]:
+    """Distinct names that resolve to this machine: Horovod elastic blacklists a failed *host*, so
+    each worker needs its own name on a single machine."""
+    local = {a.address for addrs in psutil.net_if_addrs().values()
+             for a in addrs if a.family == socket.AF_INET}
+    names = []
+    for name in ["localhost", "127.0.0.1", socket.gethostname(), *sorted(local)]:
+        try:
+            if socket.gethostbyname(name) in local and name not in names:
+                names.append(name)
+        except OSError:
+            continue
+    return names
+
+
+def test_elastic_run_survives_a_killed_worker_and_it_rejoins(tmp_path, local_dataset):
+    names = _local_host_names()
+    if len(names) < 3:
+        pytest.skip(f"needs 3 names for this machine to run 3 elastic 'hosts', found {names}")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"{n}:1\n" for n in names[:3]))
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
+    metrics = tmp_path / "m.jsonl"
+    cmd = [str(VENV_BIN / "horovodrun"), "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(discover), "--blacklist-cooldown-range", "1", "2",
+           *horovodrun_cmd(3, "--elastic", "--data", str(local_dataset), "--steps", "400", "--log-every", "5",
+                           "--metrics-file", str(metrics))[6:]]
+    proc = start(cmd, env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.03"}))
+    wait_for(lambda: len(metrics_steps(metrics)) >= 3, 120, "training on 3 workers", proc)
+    victims = [p for p in train_workers(proc) if p.environ().get("HOROVOD_RANK") != "0"]
+    assert victims
+    random.choice(victims).send_signal(signal.SIGKILL)
+    out = finish(proc, timeout=240)
+    assert proc.returncode == 0, out[-4000:]
+    s = parse_summary(out)
+    assert s["steps"] == 400 and s["elastic_resets"] >= 2 and s["world_size"] == 3, s
+    assert "elastic reset, now 2 workers" in out and "elastic reset, now 3 workers" in out
+    assert s["final_loss"] < 0.5 * s["initial_loss"]
