@@ -196,6 +196,16 @@ class AwsBackend(Backend):
         return JobResult(name=handle.name, succeeded=state == "Succeeded", exit_code=code, summary=summary,
                          message=message)
 
+    def job_status(self, job_name: str) -> dict[str, Any]:
+        """State of a submitted MPIJob (Pending, Running, Succeeded, Failed) and its launcher's exit code."""
+        outputs = self.outputs()
+        outputs.require_compute()
+        namespace = str(outputs.training_namespace)
+        state, message = mpijob_state(self._k().get_json("mpijob", job_name, "-n", namespace))
+        pods = self._k().get_json("pods", "-n", namespace, "-l", _launcher_selector(job_name))
+        return {"job": job_name, "namespace": namespace, "state": state, "message": message,
+                "exitCode": launcher_exit_code(pods)}
+
     def down(self) -> None:
         if self._ops is None:
             # Nothing was reached (no CLI, no credentials, bad stack name): nothing of ours to tear down.

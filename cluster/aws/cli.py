@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--confirm", metavar="STACK",
                       help="with --delete-data: the stack name, for non-interactive use")
 
-    status = with_stack(add("status", "the stack's switches, last update and outputs"))
+    status = with_stack(add("status", "the stack's switches, last update and outputs, or a job's state"))
+    status.add_argument("--job", metavar="NAME",
+                        help="the state of this submitted job instead (needs kubectl)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
     submit = with_stack(add("submit", "render the job as an MPIJob and submit it"))
@@ -152,6 +154,17 @@ def cmd_down(a: argparse.Namespace) -> int:
 def cmd_status(a: argparse.Namespace) -> int:
     from cluster.aws.stack import AutomationStack, stack_status
 
+    if a.job:
+        from cluster.aws.backend import AwsBackend
+
+        job = AwsBackend(a.stack, ops_factory=lambda s: AutomationStack(s, create=False)).job_status(a.job)
+        if a.json:
+            print(json.dumps(job, indent=2))
+        else:
+            code = "" if job["exitCode"] is None else f", launcher exit code {job['exitCode']}"
+            print(f"job {job['namespace']}/{job['job']}: {job['state']}{code}"
+                  + (f" ({job['message']})" if job["message"] else ""))
+        return 0 if job["state"] != "Failed" else EXIT_FAILED
     status = stack_status(AutomationStack(a.stack, create=False))
     if a.json:
         print(json.dumps(status, indent=2, default=str))

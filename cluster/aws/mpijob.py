@@ -10,7 +10,8 @@ Shape (FIELD_NOTES §1, §5, §6):
 - one worker per GPU node (`entrypoint.py sshd`; horovodrun reaches it over ssh) requesting the
   node's GPUs and, on EFA groups, all its EFA interfaces, 2 MiB hugepages and a memory-backed
   /dev/shm as the AWS reference jobs do, tolerating the GPU taint;
-- both pods run as the stack's IRSA service account, so S3 credentials come from the pod's role.
+- both pods run as the stack's training service account, whose IAM role (EKS Pod Identity) gives
+  them S3 access: no credentials travel in the manifest.
 """
 
 from __future__ import annotations

@@ -162,10 +162,14 @@ def test_kubectl_json_is_read_correctly():
     assert launcher_exit_code({"items": pods}) == 0  # the latest attempt counts
 
 
-def test_kubectl_missing_is_a_clear_error(monkeypatch, tmp_path):
+def test_kubectl_missing_is_a_clear_error(monkeypatch, tmp_path, dev_exports):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(BackendError, match=r"`kubectl` is not on PATH: install kubectl"):
         Kubectl(tmp_path / "kubeconfig")
+    backend, _ = backend_for(dev_exports, tmp_path)
+    with pytest.raises(BackendError, match=r"`kubectl` is not on PATH"):
+        backend.job_status("j1")
+    assert (tmp_path / "kubeconfig").stat().st_mode & 0o777 == 0o600  # written from the outputs first
 
 
 @pytest.fixture

@@ -56,6 +56,7 @@ def test_bad_input_is_one_clear_message(args, code, message):
 def test_lifecycle_commands_need_the_pulumi_cli(tmp_path):
     env = {"PATH": str(Path(sys.executable).parent), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
     for args in (["up", "--stack", "dev"], ["down", "--stack", "dev"], ["status", "--stack", "dev"],
+                 ["status", "--stack", "dev", "--job", "j1"],
                  ["down", "--stack", "dev", "--delete-data", "--confirm", "dev"]):
         done = run(*args, env=env)
         assert done.returncode == 1, (args, done.stderr)
