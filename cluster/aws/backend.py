@@ -116,8 +116,10 @@ class AwsBackend(Backend):
 
     def _k(self) -> Kubectl:
         if self._kubectl is None:
-            if not self.kubeconfig.exists():
-                write_kubeconfig(self._stack_ops().outputs(), self.kubeconfig, stack=self.stack)
+            # Rewritten from the current outputs: a cluster recreated by down/up has a new endpoint and CA.
+            outputs = self._stack_ops().outputs()
+            if outputs.get("kubeconfig") or not self.kubeconfig.exists():
+                write_kubeconfig(outputs, self.kubeconfig, stack=self.stack)
             self._kubectl = self._kubectl_factory(self.kubeconfig)
         return self._kubectl
 

@@ -167,8 +167,10 @@ def test_kubectl_missing_is_a_clear_error(monkeypatch, tmp_path, dev_exports):
     with pytest.raises(BackendError, match=r"`kubectl` is not on PATH: install kubectl"):
         Kubectl(tmp_path / "kubeconfig")
     backend, _ = backend_for(dev_exports, tmp_path)
+    (tmp_path / "kubeconfig").write_text("stale: from an earlier cluster\n")
     with pytest.raises(BackendError, match=r"`kubectl` is not on PATH"):
         backend.job_status("j1")
+    assert (tmp_path / "kubeconfig").read_text() == dev_exports["kubeconfig"]
     assert (tmp_path / "kubeconfig").stat().st_mode & 0o777 == 0o600  # written from the outputs first
 
 
