@@ -104,3 +104,15 @@ def test_compute_false_declares_none_of_the_compute_layer():
     for key in ("clusterName", "kubeconfig", "nodeGroups", "trainingRoleArn"):
         assert key not in result.exports
     assert result.exports["datasetsBucket"]  # the data layer stays
+
+
+def test_capacity_reservation_is_targeted_by_the_launch_template_without_a_placement_group():
+    reserved = group(name="reserved", instanceTypes=["p4d.24xlarge"], efa=True, placementGroup=False,
+                     capacityReservationId="cr-0123456789abcdef0")
+    result = run_program("dev", config=dev_with(nodeGroups=[reserved]))
+    lt = result.one("aws:ec2/launchTemplate:LaunchTemplate", "nodes-reserved-lt")
+    target = lt.inputs["capacityReservationSpecification"]["capacityReservationTarget"]
+    assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
+    assert not lt.inputs.get("placement")
+    assert len(lt.inputs["networkInterfaces"]) == 4  # p4d.24xlarge: 4 cards
+    assert result.of_type("aws:ec2/placementGroup:PlacementGroup") == []
