@@ -70,6 +70,7 @@ def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(outputs_file, c
                      "--", "--steps", "50"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["kind"] == "MPIJob" and manifest["metadata"]["name"] == "dry"
+    validate_schemas(manifest)
     spec = manifest["spec"]
     assert spec["slotsPerWorker"] == 4  # default: every GPU of g6.12xlarge / g6.24xlarge
     worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -81,6 +82,24 @@ def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(outputs_file, c
     assert cmd[:6] == ["launcher", "--", "horovodrun", "--gloo", "-np", "8"]
     assert cmd[cmd.index("train") + 1:][:2] == ["--steps", "50"]
     assert "s3://acme-ringtrain-dev-datasets/datasets/dry" in cmd
+
+
+def validate_schemas(manifest):
+    """The MPIJob CRD (v2beta1, ../shared/schemas) and strict Kubernetes PodTemplate schemas."""
+    import jsonschema
+    import kubernetes_validate
+    import yaml
+
+    crd_path = REPO_ROOT.parent / "shared" / "schemas" / "kubeflow.org_mpijobs.yaml"
+    if not crd_path.exists():
+        pytest.skip(f"MPIJob CRD schema not found at {crd_path} (shared/ must sit beside the clone)")
+    crd = yaml.load(crd_path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v2beta1"]
+    jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"]).validate(manifest)
+    for role, replica in manifest["spec"]["mpiReplicaSpecs"].items():
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                      "metadata": {"name": role.lower()}, "template": replica["template"]},
+                                     "1.33", strict=True)
 
 
 def test_submit_argument_errors(outputs_file):
