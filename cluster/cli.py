@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="host to reclaim, e.g. host-1 (default: the last)")
     fault.add_argument("--reclaim-grace", type=float, default=10.0,
                        help="seconds between SIGTERM and the host going away (default 10)")
+    fault.add_argument("--reclaim-notice", type=float, default=None,
+                       help="seconds the host is out of discovery before its workers get SIGTERM, like "
+                            "EC2's interruption notice (default: elastic 3, static 0)")
     fault.add_argument("--restore-after", type=float, default=None,
                        help="bring the reclaimed host back this many seconds after the reclaim "
                             "(default: elastic 5; static: before the job is resubmitted)")
@@ -124,8 +127,8 @@ def check_args(a: argparse.Namespace) -> None:
     if a.reclaim_at_step is not None and not 1 <= a.reclaim_at_step < a.steps:
         problems.append(f"--reclaim-at-step {a.reclaim_at_step}: "
                         f"must be between 1 and --steps - 1 ({a.steps - 1})")
-    if a.reclaim_grace < 0 or (a.restore_after is not None and a.restore_after < 0):
-        problems.append("--reclaim-grace and --restore-after: must be >= 0 seconds")
+    if a.reclaim_grace < 0 or any(v is not None and v < 0 for v in (a.restore_after, a.reclaim_notice)):
+        problems.append("--reclaim-grace, --reclaim-notice and --restore-after: must be >= 0 seconds")
     if a.reclaim_host is not None and a.reclaim_host not in [f"host-{i}" for i in range(a.hosts)]:
         problems.append(f"--reclaim-host {a.reclaim_host!r}: must be one of host-0 .. host-{a.hosts - 1}")
     if a.backend == "aws":
@@ -182,8 +185,9 @@ def make_backend(a: argparse.Namespace) -> Backend:
     from cluster.local.backend import LocalBackend
 
     isolated = {"auto": None, "netns": True, "localhost": False}[a.isolation]
+    notice = a.reclaim_notice if a.reclaim_notice is not None else (3.0 if a.elastic else 0.0)
     return LocalBackend(a.hosts, slots_per_host=a.slots_per_host, isolated=isolated,
-                        reclaim_grace_s=a.reclaim_grace)
+                        reclaim_grace_s=a.reclaim_grace, reclaim_notice_s=notice)
 
 
 def check_environment(backend: str) -> None:

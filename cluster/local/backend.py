@@ -113,10 +113,11 @@ class LocalBackend(Backend):
 
     def __init__(self, num_hosts: int = 2, *, slots_per_host: int = 1, isolated: bool | None = None,
                  prefix: str = "ringtrain-local", dataset: str = "demo", reclaim_grace_s: float = 10.0,
-                 log: Callable[[str], None] = print):
+                 reclaim_notice_s: float = 0.0, log: Callable[[str], None] = print):
         self.prefix = prefix
         self.dataset = dataset
         self.reclaim_grace_s = reclaim_grace_s
+        self.reclaim_notice_s = reclaim_notice_s
         self.log = log
         self._num_hosts = num_hosts
         self._slots = slots_per_host
@@ -273,9 +274,10 @@ class LocalBackend(Backend):
     def live_host_names(self) -> list[str]:
         return [h.name for h in self._hosts().live()]
 
-    def reclaim(self, host: str, grace_s: float | None = None) -> None:
+    def reclaim(self, host: str, grace_s: float | None = None, notice_s: float | None = None) -> None:
         try:
-            self._hosts().reclaim(host, self.reclaim_grace_s if grace_s is None else grace_s)
+            self._hosts().reclaim(host, self.reclaim_grace_s if grace_s is None else grace_s,
+                                  self.reclaim_notice_s if notice_s is None else notice_s)
         except HostError as e:
             raise BackendError(str(e)) from e
 

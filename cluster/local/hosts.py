@@ -209,14 +209,23 @@ class LocalHosts:
         return procs.worker_processes(self.host_processes(host))
 
     # ---------------------------------------------------------------- fault injection
-    def reclaim(self, name: str, grace_s: float = 10.0) -> None:
-        """Spot reclaim: SIGTERM the host's workers, wait up to `grace_s`, then the host goes away."""
+    def reclaim(self, name: str, grace_s: float = 10.0, notice_s: float = 0.0) -> None:
+        """Spot reclaim: the host leaves discovery, `notice_s` later its workers get SIGTERM, and after
+        at most `grace_s` more the host goes away.
+
+        `notice_s` models EC2's interruption notice: a node that is being drained stops being listed
+        as a ready worker before its pods are signalled, so an elastic job can shrink around it.
+        """
         host = self.get(name)
         if not host.live:
             raise HostError(f"{host.name} is not up")
         with self._lock:
             host.live = False
             self._write_discovery()   # the node leaves the cluster's host list at once
+        if notice_s > 0:
+            self.log(f"reclaim {host.name} ({host.address}): interruption notice, out of discovery; "
+                     f"SIGTERM in {notice_s:g}s")
+            time.sleep(notice_s)
         workers = self.workers_on(host)
         self.log(f"reclaim {host.name} ({host.address}): SIGTERM to {len(workers)} worker process(es), "
                  f"host goes away in at most {grace_s:g}s")

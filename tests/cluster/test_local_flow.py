@@ -78,6 +78,28 @@ def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     assert leftovers(**backend.seen) == []
 
 
+def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
+    _trainer_available()
+    # With an interruption notice the host leaves discovery before its worker is signalled, so
+    # Horovod's elastic driver shrinks the ring around it instead of the job stopping.
+    backend = RecordingBackend(2, reclaim_grace_s=10, reclaim_notice_s=3, log=print)
+    job = JobSpec(name="elastictest", num_hosts=2, elastic=True, min_hosts=1,
+                  trainer_args=("--steps", "60", "--checkpoint-every", "20", "--batch-size", "32",
+                                "--log-every", "2"))
+    opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=10,
+                       restore_after_s=5, progress_bar=False, job_timeout_s=400)
+    result = run_job(backend, job, opts)
+
+    assert result.succeeded and result.exit_code == 0, result.message
+    assert len(result.attempts) == 1 and result.reclaimed == ["host-1"]
+    assert result.summary["steps"] == 60 and result.summary["interrupted"] is False
+    assert result.summary["elastic_resets"] >= 1
+    # Training went on with one worker after the reclaim (the discovery script dropped host-1).
+    assert any(m["world_size"] == 1 for m in result.metrics), result.metrics
+    assert result.summary["final_loss"] < result.summary["initial_loss"]
+    assert leftovers(**backend.seen) == []
+
+
 def test_ctrl_c_tears_everything_down():
     _trainer_available()
     proc = subprocess.Popen(

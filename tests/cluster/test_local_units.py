@@ -203,6 +203,15 @@ def test_cli_defaults_build_a_two_host_job_with_a_reclaim_halfway():
     assert opts.reclaim_at_step == 150 and not opts.keep_up and opts.restore_after_s is None
 
 
+def test_cli_gives_elastic_reclaims_an_interruption_notice():
+    from cluster.cli import make_backend
+
+    assert make_backend(_args()).reclaim_notice_s == 0
+    assert make_backend(_args("--elastic")).reclaim_notice_s == 3
+    assert make_backend(_args("--elastic", "--reclaim-notice", "0")).reclaim_notice_s == 0
+    assert make_backend(_args("--reclaim-grace", "2")).reclaim_grace_s == 2
+
+
 def test_cli_elastic_passes_trainer_args_and_restores_the_host_later():
     a = _args("--elastic", "--hosts", "3", "--min-hosts", "2", "--steps", "40", "--", "--lr", "0.1")
     check_args(a)

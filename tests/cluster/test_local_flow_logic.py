@@ -1,0 +1,132 @@
+"""cluster.flow.run_job's own logic (resubmit on 75, bounded retries, guaranteed teardown) against an
+in-memory backend; storage is the session's real S3-compatible store, with the dataset index present."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
+from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, run_job
+from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec
+
+
+class ScriptedBackend(Backend):
+    """Answers each submitted attempt with the next scripted (exit code, summary)."""
+
+    name = "scripted"
+
+    def __init__(self, store, bucket, outcomes, *, fail_on=None):
+        self.store, self.bucket, self.outcomes, self.fail_on = store, bucket, list(outcomes), fail_on
+        self.ups = self.downs = 0
+        self.submitted: list[JobSpec] = []
+
+    def up(self) -> None:
+        self.ups += 1
+
+    def storage(self, job_name: str) -> Storage:
+        return Storage(f"s3://{self.bucket}/datasets/demo", f"s3://{self.bucket}/checkpoints/{job_name}",
+                       self.store.endpoint_url, self.store.env())
+
+    def submit(self, job: JobSpec) -> JobHandle:
+        if self.fail_on == "submit":
+            raise BackendError("no capacity")
+        self.submitted.append(job)
+        return JobHandle(name=job.name, backend=self.name, details={"hosts": ["a", "b"]})
+
+    def logs(self, handle: JobHandle) -> Iterator[str]:
+        yield "[0]<stderr>:train: warning: something the user should see"
+
+    def wait(self, handle: JobHandle, timeout_s: float | None = None) -> JobResult:
+        if self.fail_on == "wait":
+            raise KeyboardInterrupt
+        code, summary = self.outcomes.pop(0)
+        return JobResult(name=handle.name, succeeded=code == 0, exit_code=code, summary=summary,
+                         message="" if code == 0 else f"exit {code}")
+
+    def down(self) -> None:
+        self.downs += 1
+
+
+@pytest.fixture
+def dataset_bucket(object_store, s3_bucket):
+    object_store.client().put_object(Bucket=s3_bucket, Key="datasets/demo/index.json",
+                                     Body=json.dumps({"format": "ringtrain-shards/1"}).encode())
+    return s3_bucket
+
+
+JOB = JobSpec(name="j", num_hosts=2, trainer_args=("--steps", "10"))
+OPTS = FlowOptions(dataset=DatasetSpec(shards=1, samples_per_shard=8), progress_bar=False, poll_s=0.01)
+
+
+def test_an_interrupted_job_is_resubmitted_and_its_resume_reported(object_store, dataset_bucket):
+    b = ScriptedBackend(object_store, dataset_bucket, [
+        (EXIT_INTERRUPTED_RESUMABLE, {"steps": 4, "interrupted": True, "resumed_from_step": None}),
+        (0, {"steps": 10, "interrupted": False, "resumed_from_step": 4}),
+    ])
+    out: list[str] = []
+    r = run_job(b, JOB, OPTS, out=out.append)
+    assert r.succeeded and r.exit_code == 0 and len(r.attempts) == 2 and r.resumed
+    assert b.ups == 1 and b.downs == 1
+    args = b.submitted[0].trainer_args
+    assert args[args.index("--data") + 1] == f"s3://{dataset_bucket}/datasets/demo"
+    assert args[args.index("--checkpoint-dir") + 1] == f"s3://{dataset_bucket}/checkpoints/j"
+    assert b.submitted[1] == b.submitted[0]  # the resume is the same job; the trainer finds its checkpoint
+    assert any("train: warning" in line for line in out)
+    assert any("resubmitting to resume" in line for line in out)
+
+
+def test_resubmits_are_bounded(object_store, dataset_bucket):
+    interrupted = (EXIT_INTERRUPTED_RESUMABLE, {"interrupted": True})
+    b = ScriptedBackend(object_store, dataset_bucket, [interrupted] * 5)
+    r = run_job(b, JOB, replace(OPTS, max_resubmits=1), out=lambda m: None)
+    assert not r.succeeded and r.exit_code == EXIT_INTERRUPTED_RESUMABLE and len(r.attempts) == 2
+    assert b.downs == 1
+
+
+def test_bad_input_is_not_retried(object_store, dataset_bucket):
+    b = ScriptedBackend(object_store, dataset_bucket, [(EXIT_BAD_INPUT, {})])
+    r = run_job(b, JOB, OPTS, out=lambda m: None)
+    assert r.exit_code == EXIT_BAD_INPUT and len(r.attempts) == 1 and r.message.startswith("bad input")
+    assert b.downs == 1
+
+
+def test_teardown_runs_on_errors_and_on_interrupts(object_store, dataset_bucket):
+    b = ScriptedBackend(object_store, dataset_bucket, [], fail_on="submit")
+    with pytest.raises(BackendError, match="no capacity"):
+        run_job(b, JOB, OPTS, out=lambda m: None)
+    assert b.downs == 1
+    b = ScriptedBackend(object_store, dataset_bucket, [], fail_on="wait")
+    with pytest.raises(FlowInterrupted):
+        run_job(b, JOB, OPTS, out=lambda m: None)
+    assert b.downs == 1
+
+
+def test_keep_up_skips_teardown(object_store, dataset_bucket):
+    b = ScriptedBackend(object_store, dataset_bucket, [(0, {"steps": 10})])
+    run_job(b, JOB, replace(OPTS, keep_up=True), out=lambda m: None)
+    assert b.downs == 0
+
+
+def test_fault_injection_on_a_backend_without_it_fails_before_anything_starts(object_store, dataset_bucket):
+    b = ScriptedBackend(object_store, dataset_bucket, [(0, {})])
+    with pytest.raises(BackendError, match="cannot inject faults"):
+        run_job(b, JOB, replace(OPTS, reclaim_at_step=3), out=lambda m: None)
+    assert b.ups == 0 and b.submitted == []
+
+
+def test_an_unreachable_store_is_one_clear_error(object_store, dataset_bucket):
+    class DeadStore:
+        endpoint_url = "http://127.0.0.1:9"   # discard port: nothing listens
+
+        @staticmethod
+        def env():
+            return object_store.env()
+
+    b = ScriptedBackend(DeadStore(), dataset_bucket, [(0, {})])
+    with pytest.raises(BackendError, match="cannot reach the object store"):
+        run_job(b, JOB, OPTS, out=lambda m: None)
+    assert b.downs == 1 and b.submitted == []
