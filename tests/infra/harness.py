@@ -16,6 +16,7 @@ answer fails the run naming its token, so a test never passes on a silently empt
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import runpy
@@ -295,7 +296,8 @@ class _RecordingMocks(pulumi.runtime.Mocks):
         if fn is None:
             raise HarnessError(
                 f"the test harness has no mock answer for invoke {args.token!r}; add one to "
-                f"tests/infra/harness.py INVOKES (known: {sorted(self.invokes)})"
+                f"tests/infra/harness.py INVOKES "
+                f"(answered: {sorted(t for t, f in self.invokes.items() if f)})"
             )
         return fn(dict(args.args), self.region), []
 
@@ -402,6 +404,11 @@ def run_program(
         except BaseException as exc:
             # What was registered before the failure (a bad config must leave this empty).
             exc.harness_resources = list(monitor.captured.values())  # type: ignore[attr-defined]
+            # Drop the failed run's pending work now, so its never-awaited futures are collected (and
+            # logged) inside the failing call rather than in some later test or at exit.
+            pulumi_settings.SETTINGS.rpc_manager.clear()
+            pulumi_settings.SETTINGS.outputs.clear()
+            gc.collect()
             raise
         resources = list(monitor.captured.values())
 
