@@ -63,3 +63,14 @@ def test_documented_exports(committed, stack):
     result = committed(stack)
     assert set(result.exports) >= BASE_EXPORTS
     assert result.exports["vpcId"] == result.one("aws:ec2/vpc:Vpc").id
+
+
+def test_project_file_points_pulumi_at_the_program():
+    import yaml
+
+    from tests.infra.harness import PROGRAM, REPO_ROOT
+
+    project = yaml.safe_load((REPO_ROOT / "Pulumi.yaml").read_text())
+    assert project["name"] == "ringtrain"
+    assert project["runtime"] == {"name": "python", "options": {"virtualenv": ".venv"}}
+    assert (REPO_ROOT / project["main"] / "__main__.py").resolve() == PROGRAM
