@@ -259,7 +259,10 @@ def _translate(err: dict) -> ConfigError:
     _, info = _field_at(loc)
     described = info.description if info is not None and info.description else None
     if kind == "missing":
-        return _problem(path, _MISSING, "required; " + (described or err.get("msg", "")))
+        section = _nested_model(loc)
+        if section is not None:
+            return _problem(path, _MISSING, "required: a mapping with keys " + _allowed_keys(section))
+        return _problem(path, _MISSING, "required: " + (described or err.get("msg", "")))
     if kind == "value_error":
         reason = str(err.get("ctx", {}).get("error", err.get("msg", "")))
         return _problem(path, value, reason)

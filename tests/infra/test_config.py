@@ -72,7 +72,10 @@ BAD = [
     ("unknown nested key", _set("network.subnets", []),
      ["ringtrain:network.subnets: [] is invalid: unknown key", "availabilityZones"]),
     ("missing section", _set("data", _DELETE),
-     ["ringtrain:data: (missing) is invalid: required"]),
+     ["ringtrain:data: (missing) is invalid: required: a mapping with keys bucketPrefix, "
+      "checkpointNoncurrentDays"]),
+    ("missing field", _set("network.flowLogs", _DELETE),
+     ["ringtrain:network.flowLogs: (missing) is invalid: required: true or false"]),
     ("wrong type ttl", _set("ttlHours", "soon"),
      ['ringtrain:ttlHours: "soon" is invalid: an integer 1..8760']),
     ("wrong type count", _set("nodeGroups[0].maxSize", "four"),
