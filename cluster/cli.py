@@ -182,12 +182,15 @@ def make_backend(a: argparse.Namespace) -> Backend:
         from cluster.aws.backend import AwsBackend  # imported lazily: needs pulumi and boto3 only then
 
         return AwsBackend(stack=a.stack)
+    from tqdm import tqdm
+
     from cluster.local.backend import LocalBackend
 
     isolated = {"auto": None, "netns": True, "localhost": False}[a.isolation]
     notice = a.reclaim_notice if a.reclaim_notice is not None else (3.0 if a.elastic else 0.0)
     return LocalBackend(a.hosts, slots_per_host=a.slots_per_host, isolated=isolated,
-                        reclaim_grace_s=a.reclaim_grace, reclaim_notice_s=notice)
+                        reclaim_grace_s=a.reclaim_grace, reclaim_notice_s=notice,
+                        log=tqdm.write)  # messages go above the progress bar, not through it
 
 
 def check_environment(backend: str) -> None:
@@ -225,7 +228,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     job = job_from_args(a)
     opts = options_from_args(a)
     try:
-        result = run_job(backend, job, opts)
+        from tqdm import tqdm
+
+        result = run_job(backend, job, opts, out=tqdm.write)
     except FlowInterrupted:
         print("run: interrupted; the cluster was torn down", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -193,7 +193,7 @@ def ensure_dataset(storage: Storage, spec: DatasetSpec, out: Callable[[str], Non
 
 @contextlib.contextmanager
 def _signals_raise_interrupt():
-    """SIGTERM behaves like Ctrl-C so `finally` blocks (teardown) run for both."""
+    """SIGTERM and SIGHUP (terminal closed) behave like Ctrl-C, so `finally` blocks (teardown) run."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -201,13 +201,12 @@ def _signals_raise_interrupt():
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old_term = signal.signal(signal.SIGTERM, handler)
-    old_int = signal.signal(signal.SIGINT, handler)
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old_term)
-        signal.signal(signal.SIGINT, old_int)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 class _Follower:
@@ -293,6 +292,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
     storage: Storage | None = None
     last: JobResult | None = None
     restore_threads: list[threading.Thread] = []
+    stopping = threading.Event()   # tells a pending delayed restore not to start once we tear down
     with _signals_raise_interrupt():
         try:
             backend.up()
@@ -316,7 +316,8 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 reclaimed.append(host)
                 if opts.restore_after_s is not None:
                     def later() -> None:
-                        time.sleep(opts.restore_after_s)
+                        if stopping.wait(opts.restore_after_s):
+                            return
                         with contextlib.suppress(BackendError):
                             backend.restore(host)  # type: ignore[attr-defined]
                     t = threading.Thread(target=later, name="restore", daemon=True)
@@ -357,6 +358,9 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
         except KeyboardInterrupt:
             raise FlowInterrupted("interrupted: tearing down") from None
         finally:
+            stopping.set()
+            for t in restore_threads:
+                t.join(timeout=60)
             if not opts.keep_up:
                 with _ignore_interrupts():
                     backend.down()
@@ -368,10 +372,9 @@ def _ignore_interrupts():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)

@@ -93,6 +93,7 @@ class LocalHosts:
     keys: ssh.SshKeys | None = None
     hosts: list[Host] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False   # set by down(): a late restore() must not rebuild a host
 
     # ---------------------------------------------------------------- lifecycle
     def up(self) -> LocalHosts:
@@ -124,6 +125,8 @@ class LocalHosts:
 
     def down(self) -> None:
         """Stop every host and remove namespaces, veths and the bridge. Safe to call twice."""
+        with self._lock:
+            self._closed = True
         errors = []
         for host in self.hosts:
             try:
@@ -263,6 +266,9 @@ class LocalHosts:
 
     def _start_host(self, host: Host) -> None:
         plan, keys = self._plan(), self._keys()
+        with self._lock:
+            if self._closed:
+                raise HostError(f"cannot start {host.name}: the cluster is being torn down")
         if plan.isolated:
             network.create_host_netns(plan, host.plan)
         config = ssh.write_sshd_config(keys, host.name, host.address)
