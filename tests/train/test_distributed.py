@@ -167,13 +167,13 @@ def test_elastic_run_survives_a_killed_worker_and_it_rejoins(tmp_path, local_dat
     metrics = tmp_path / "m.jsonl"
     cmd = [str(VENV_BIN / "horovodrun"), "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(discover), "--blacklist-cooldown-range", "1", "2",
+           # A survivor blocked in a collective with the dead worker notices after this timeout.
+           "--gloo-timeout-seconds", "10",
            *horovodrun_cmd(3, "--elastic", "--data", str(local_dataset), "--steps", "400", "--log-every", "5",
                            "--metrics-file", str(metrics))[6:]]
     proc = start(cmd, env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.03"}))
     wait_for(lambda: len(metrics_steps(metrics)) >= 3, 120, "training on 3 workers", proc)
-    victims = [p for p in train_workers(proc) if p.environ().get("HOROVOD_RANK") != "0"]
-    assert victims
-    random.choice(victims).send_signal(signal.SIGKILL)
+    random.choice(train_workers(proc)).send_signal(signal.SIGKILL)  # any rank, rank 0 included
     out = finish(proc, timeout=240)
     assert proc.returncode == 0, out[-4000:]
     s = parse_summary(out)
