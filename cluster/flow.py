@@ -216,6 +216,7 @@ class _Follower:
                  out: Callable[[str], None], reclaim: Callable[[], None] | None):
         self.backend, self.handle, self.job, self.opts, self.out = backend, handle, job, opts, out
         self.reclaim = reclaim
+        self.fault_thread: threading.Thread | None = None   # the reclaim, once fired
         self.bar = None
         self._done = threading.Event()
         self.tail: collections.deque[str] = collections.deque(maxlen=25)
@@ -262,7 +263,9 @@ class _Follower:
                 if self.reclaim is not None and self.opts.reclaim_at_step is not None \
                         and step >= self.opts.reclaim_at_step:
                     fire, self.reclaim = self.reclaim, None
-                    threading.Thread(target=fire, name="reclaim", daemon=True).start()
+                    # In a thread: the reclaim waits out the workers' grace period while we follow on.
+                    self.fault_thread = threading.Thread(target=fire, name="reclaim", daemon=True)
+                    self.fault_thread.start()
         finally:
             if self.bar is not None:
                 self.bar.close()
@@ -292,6 +295,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
     storage: Storage | None = None
     last: JobResult | None = None
     restore_threads: list[threading.Thread] = []
+    fault_threads: list[threading.Thread] = []
     stopping = threading.Event()   # tells a pending delayed restore not to start once we tear down
     with _signals_raise_interrupt():
         try:
@@ -329,9 +333,16 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 hosts = list(handle.details.get("hosts", []))
                 out(f"attempt {attempt_no}: submitted {job.name} on {', '.join(hosts) or backend.name}")
                 follower = _Follower(backend, handle, job, opts, out,
-                                     do_reclaim if injects and not reclaimed else None)
-                follower.run(total)
+                                     do_reclaim if injects and not fault_threads else None)
+                try:
+                    follower.run(total)
+                finally:
+                    if follower.fault_thread is not None:
+                        fault_threads.append(follower.fault_thread)
                 last = backend.wait(handle, timeout_s=opts.job_timeout_s)
+                # The job may end before the reclaim has finished taking the host away.
+                for t in fault_threads:
+                    t.join(timeout=300)
                 attempts.append(Attempt(last.exit_code, last.summary, hosts, last.message))
                 if last.exit_code not in (0, EXIT_INTERRUPTED_RESUMABLE) and not opts.echo_logs:
                     out(f"attempt {attempt_no} failed (exit code {last.exit_code}); its last output:")
@@ -359,7 +370,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
             raise FlowInterrupted("interrupted: tearing down") from None
         finally:
             stopping.set()
-            for t in restore_threads:
+            for t in fault_threads + restore_threads:
                 t.join(timeout=60)
             if not opts.keep_up:
                 with _ignore_interrupts():

@@ -137,7 +137,7 @@ class LocalBackend(Backend):
             self.hosts = LocalHosts(num_hosts=self._num_hosts, workdir=self.workdir / "cluster",
                                     slots_per_host=self._slots, isolated=self._isolated, log=self.log)
             self.hosts.up()
-            if not self.hosts.isolated:
+            if not self.hosts.isolated and self.hosts.fallback_reason:
                 self.log(f"local backend: no network namespaces ({self.hosts.fallback_reason}); "
                          "falling back to worker hosts as processes on localhost")
             self.store = ObjectStore(host=self.hosts.driver_address).start()

@@ -4,6 +4,8 @@ in-memory backend; storage is the session's real S3-compatible store, with the d
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -130,3 +132,55 @@ def test_an_unreachable_store_is_one_clear_error(object_store, dataset_bucket):
     with pytest.raises(BackendError, match="cannot reach the object store"):
         run_job(b, JOB, OPTS, out=lambda m: None)
     assert b.downs == 1 and b.submitted == []
+
+
+class ReclaimingBackend(ScriptedBackend):
+    """Has the fault-injection API; its reclaim takes a while, as a real one waits out the grace period."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.events: list[str] = []
+        self.live = ["host-0", "host-1"]
+        self.reclaim_started = threading.Event()
+
+    def submit(self, job):
+        self.events.append(f"submit {sorted(self.live)}")
+        return super().submit(job)
+
+    def logs(self, handle):
+        # The attempt "ends" as soon as the reclaim starts, before the reclaim has finished.
+        self.reclaim_started.wait(timeout=5)
+        yield "[0]<stdout>:done"
+
+    def progress(self, handle):
+        return {"step": 5, "loss": 1.0, "world_size": 2}
+
+    def live_host_names(self):
+        return list(self.live)
+
+    def reclaim(self, host):
+        self.events.append(f"reclaim {host} start")
+        self.live.remove(host)
+        self.reclaim_started.set()
+        time.sleep(0.5)
+        self.events.append(f"reclaim {host} done")
+
+    def restore(self, host):
+        self.events.append(f"restore {host}")
+        self.live.append(host)
+
+
+def test_one_reclaim_per_run_and_the_resubmit_waits_for_it(object_store, dataset_bucket):
+    b = ReclaimingBackend(object_store, dataset_bucket, [
+        (EXIT_INTERRUPTED_RESUMABLE, {"steps": 5, "interrupted": True}),
+        (0, {"steps": 10, "resumed_from_step": 5}),
+    ])
+    r = run_job(b, JOB, replace(OPTS, reclaim_at_step=3), out=lambda m: None)
+    assert r.succeeded and r.reclaimed == ["host-1"]
+    assert b.events == [
+        "submit ['host-0', 'host-1']",
+        "reclaim host-1 start",
+        "reclaim host-1 done",
+        "restore host-1",                   # the replacement node, before the resume
+        "submit ['host-0', 'host-1']",      # the second attempt does not reclaim again
+    ]
