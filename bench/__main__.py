@@ -1,0 +1,98 @@
+"""`python -m bench [--quick] [--sections ...]`: run the benchmarks, print a table, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+import traceback
+from pathlib import Path
+
+from bench import results as results_mod
+from bench import sections, table
+from bench.launch import BenchError
+from bench.machine import machine_info, versions
+
+SECTIONS = {
+    "peer_study": sections.study_section,
+    "headline": sections.headline_section,
+    "checkpoint_stall": sections.stall_section,
+    "recovery": sections.recovery_section,
+    "plan_time": sections.plan_time_section,
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scripts/bench", description="Run the benchmarks (ratios measured "
+                                "interleaved in one run); print a table; write bench/results/<name>.json.")
+    p.add_argument("--quick", action="store_true", help="a short smoke run (1 repeat, few steps)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
+    p.add_argument("--repeats", type=int, default=None, help="override the repeats of the comparisons")
+    p.add_argument("--name", default=None,
+                   help="results file name (default: 'latest', or 'quick' with --quick)")
+    p.add_argument("--out", type=Path, default=results_mod.RESULTS_DIR, help="results directory")
+    args = p.parse_args(argv)
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown or not chosen:
+        p.error(f"--sections {args.sections!r}: unknown {unknown or 'empty'}; allowed: {', '.join(SECTIONS)}")
+    args.sections = chosen
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: must be >= 1")
+    args.name = args.name or ("quick" if args.quick else "latest")
+    if not args.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        p.error(f"--name {args.name!r}: use letters, digits, '-', '_' and '.'")
+    return args
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = sections.QUICK if args.quick else sections.FULL
+    if args.repeats is not None:
+        plan = sections.replace(plan, repeats=args.repeats, stall_repeats=args.repeats)
+
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    out = {
+        "schema_version": results_mod.SCHEMA_VERSION,
+        "name": args.name,
+        "command": "scripts/bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "quick": args.quick,
+        "started_at": _now(),
+        "finished_at": "",
+        "machine": machine_info(),
+        "versions": versions(),
+        "sections": {},
+    }
+    failed = []
+    for name in args.sections:
+        progress(f"== {name}")
+        try:
+            out["sections"][name] = SECTIONS[name](plan, progress)
+        except BenchError as e:
+            out["sections"][name] = {"status": "failed", "reason": str(e)}
+            failed.append(name)
+        except Exception as e:  # a harness bug: keep the other sections' figures, but say so loudly
+            traceback.print_exc()
+            out["sections"][name] = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+            failed.append(name)
+    out["finished_at"] = _now()
+    out["machine"]["load_avg_end"] = machine_info()["load_avg"]
+    path = results_mod.write(out, args.out)
+    print(table.render(out))
+    print(f"\nwrote {path}")
+    if failed:
+        print(f"bench: failed sections: {', '.join(failed)} (reasons in the table above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

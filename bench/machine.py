@@ -1,0 +1,40 @@
+"""What the results were measured on: cores, CPU model, load, versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+
+def cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Processor", "cpu model") and value.strip():
+            return value.strip()
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_model": cpu_model(cpuinfo),
+        "platform": platform.platform(),
+        "load_avg": list(os.getloadavg()),
+    }
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "horovod", "boto3", "moto"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out

@@ -1,0 +1,100 @@
+"""The results file: its JSON schema, validation and atomic writing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jsonschema
+
+SCHEMA_VERSION = 1
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+_COMPARISON = {
+    "type": "object",
+    "required": ["metric", "baseline", "repeats", "order", "contenders", "ratios"],
+    "properties": {
+        "metric": {"type": "string"},
+        "baseline": {"type": "string"},
+        "repeats": {"type": "integer", "minimum": 1},
+        "order": {"type": "array", "items": {"type": "string"}},
+        "contenders": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["config", "samples", "median", "runs"],
+                "properties": {
+                    "config": {"type": "object"},
+                    "samples": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+                    "median": {"type": "number"},
+                    "runs": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+        },
+        "ratios": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["per_repeat", "median"],
+                "properties": {"per_repeat": {"type": "array", "items": {"type": "number"}},
+                               "median": {"type": "number"}},
+            },
+        },
+    },
+}
+
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["schema_version", "name", "command", "quick", "started_at", "finished_at", "machine",
+                 "versions", "sections"],
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+        "command": {"type": "string"},
+        "quick": {"type": "boolean"},
+        "started_at": {"type": "string"},
+        "finished_at": {"type": "string"},
+        "machine": {
+            "type": "object",
+            "required": ["cores", "cpu_model", "load_avg"],
+            "properties": {"cores": {"type": "integer", "minimum": 1}, "cpu_model": {"type": "string"},
+                           "load_avg": {"type": "array"}},
+        },
+        "versions": {
+            "type": "object",
+            "required": ["python", "torch", "horovod"],
+        },
+        "sections": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["status"],
+                "properties": {
+                    "status": {"enum": ["ok", "skipped", "failed"]},
+                    "reason": {"type": "string"},
+                    "comparison": _COMPARISON,
+                },
+                "if": {"properties": {"status": {"enum": ["skipped", "failed"]}}},
+                "then": {"required": ["status", "reason"]},
+            },
+        },
+    },
+}
+
+
+def validate(results: dict) -> None:
+    """Raise jsonschema.ValidationError when `results` does not match the schema."""
+    jsonschema.validate(results, SCHEMA)
+
+
+def write(results: dict, directory: Path = RESULTS_DIR) -> Path:
+    """Validate, then write <directory>/<name>.json atomically (a crash never leaves half a file)."""
+    validate(results)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{results['name']}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path

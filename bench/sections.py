@@ -1,0 +1,254 @@
+"""The five benchmark sections. Each returns a JSON-able dict with a "status" and its figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from bench.compare import Contender, run_comparison
+from bench.launch import ROOT, BenchError
+from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
+from bench.stats import median, paired_ratios
+from bench.trainer_run import TrainerRun
+
+Progress = Callable[[str], None]
+
+# What the trainer runs with in production here: its own defaults for every Horovod knob, and one
+# torch thread per worker (2 workers on 2 cores; torchrun gives DDP the same). The study below is
+# the evidence for each choice.
+PRODUCTION = HorovodSettings(threads=1)
+STORE_BUCKET = "bench"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each section is: the full run and --quick differ only here."""
+
+    repeats: int
+    shape: LoopShape                 # peer study and headline
+    study: tuple[str, ...]           # settings of STUDY to run
+    checkpoint_every: int            # headline trainer run
+    stall_widths: tuple[int, ...]    # mlp widths for the checkpoint-stall section
+    stall_shape: LoopShape
+    stall_every: int
+    stall_repeats: int
+    recovery_steps: int
+    recovery_reclaim_at: int
+    recovery_checkpoint_every: int
+    plan_runs: int
+    plan_cold_runs: int
+    timeout_s: float
+
+
+FULL = Plan(
+    repeats=5, shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
+    stall_widths=(256, 1024, 2048), stall_shape=LoopShape(steps=100, warmup=20, model="mlp"),
+    stall_every=25, stall_repeats=3,
+    recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
+    plan_runs=3, plan_cold_runs=2, timeout_s=300,
+)
+QUICK = Plan(
+    repeats=1, shape=LoopShape(steps=30, warmup=10, width=16),
+    study=("hvd-defaults", "hvd-threads1"), checkpoint_every=10,
+    stall_widths=(256,), stall_shape=LoopShape(steps=20, warmup=10, model="mlp"), stall_every=10,
+    stall_repeats=1,
+    recovery_steps=40, recovery_reclaim_at=15, recovery_checkpoint_every=10,
+    plan_runs=1, plan_cold_runs=1, timeout_s=180,
+)
+
+
+def study_section(plan: Plan, progress: Progress) -> dict:
+    """Peer comparison and tuning study: bare Horovod under each setting vs bare DDP, interleaved."""
+    contenders = [ddp_contender(plan.shape, plan.timeout_s)]
+    contenders += [horovod_contender(name, STUDY[name], plan.shape, plan.timeout_s) for name in plan.study]
+    comparison = run_comparison(contenders, "ddp", plan.repeats, progress=progress)
+    ratios = {name: r["median"] for name, r in comparison["ratios"].items()}
+    best = max(ratios, key=ratios.get)
+    return {"status": "ok", "comparison": comparison, "best": best, "best_ratio_to_ddp": ratios[best],
+            "reaches_ddp": {name: r >= 1.0 for name, r in ratios.items()}}
+
+
+def headline_section(plan: Plan, progress: Progress) -> dict:
+    """Trainer efficiency and peer comparison in one interleaved run: the trainer with production
+    features on (checkpoints to the local S3 store every N steps, metrics file), the bare Horovod loop
+    with the same settings, and DDP; all the same model, batch and workers."""
+    from cluster.local.objectstore import ObjectStore
+
+    with ObjectStore() as store, tempfile.TemporaryDirectory(prefix="bench-headline-") as tmp:
+        store.client().create_bucket(Bucket=STORE_BUCKET)
+        trainer = TrainerRun(plan.shape, PRODUCTION, plan.checkpoint_every, store.endpoint_url, STORE_BUCKET)
+        contenders = [
+            Contender("trainer", lambda: trainer.run("trainer", Path(tmp), store.env(), plan.timeout_s),
+                      {"what": "python -m train under horovodrun (cluster.launch.horovodrun_command)",
+                       "checkpoint_every": plan.checkpoint_every, "checkpoint_store": "moto S3 on loopback",
+                       "metrics_file": True, **asdict(PRODUCTION), "env": PRODUCTION.env(),
+                       **asdict(plan.shape)}),
+            horovod_contender("bare-hvd", PRODUCTION, plan.shape, plan.timeout_s),
+            ddp_contender(plan.shape, plan.timeout_s),
+        ]
+        comparison = run_comparison(contenders, "bare-hvd", plan.repeats, progress=progress)
+    samples = {name: c["samples"] for name, c in comparison["contenders"].items()}
+    efficiency = comparison["ratios"]["trainer"]
+    vs_ddp = {name: paired_ratios(samples[name], samples["ddp"]) for name in ("trainer", "bare-hvd")}
+    return {
+        "status": "ok",
+        "comparison": comparison,
+        "window": f"steps {plan.shape.warmup}..{plan.shape.warmup + plan.shape.steps} of every run "
+                  f"(the first {plan.shape.warmup} are warmup and untimed for all contenders)",
+        "efficiency": {"trainer_vs_bare_hvd": efficiency["median"], "per_repeat": efficiency["per_repeat"],
+                       "target": 0.97, "met": efficiency["median"] >= 0.97},
+        "peer": {name: {"per_repeat": v, "median": median(v), "target": 1.0, "met": median(v) >= 1.0}
+                 for name, v in vs_ddp.items()},
+    }
+
+
+def stall_section(plan: Plan, progress: Progress) -> dict:
+    """Checkpoint stall: per model size, the trainer with checkpoints every K steps vs without, paired
+    per repeat; time lost per checkpoint = (window time with - without) / checkpoints in the window."""
+    from cluster.local.objectstore import ObjectStore
+
+    sizes = []
+    with ObjectStore() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
+        client = store.client()
+        client.create_bucket(Bucket=STORE_BUCKET)
+        for width in plan.stall_widths:
+            shape = replace(plan.stall_shape, width=width)
+            with_ckpt = TrainerRun(shape, PRODUCTION, plan.stall_every, store.endpoint_url, STORE_BUCKET)
+            without = TrainerRun(shape, PRODUCTION, 0)
+
+            def go(run: TrainerRun, label: str) -> Callable[[], dict]:
+                return lambda: run.run(label, Path(tmp), store.env(), plan.timeout_s)
+
+            contenders = [
+                Contender("checkpoints", go(with_ckpt, "ckpt"), {"checkpoint_every": plan.stall_every,
+                                                                 **asdict(shape)}),
+                Contender("none", go(without, "nockpt"), {"checkpoint_every": None, **asdict(shape)}),
+            ]
+            progress(f"checkpoint stall: mlp width {width}")
+            comparison = run_comparison(contenders, "none", plan.stall_repeats, metric="window_s",
+                                        progress=progress)
+            in_window = checkpoints_in_window(shape.warmup, shape.warmup + shape.steps, plan.stall_every)
+            t_with = comparison["contenders"]["checkpoints"]["samples"]
+            t_without = comparison["contenders"]["none"]["samples"]
+            lost = [(a - b) / in_window for a, b in zip(t_with, t_without, strict=True)]
+            step_s = [t / shape.steps for t in t_without]
+            sizes.append({
+                "model": "mlp", "width": width,
+                "checkpoint_bytes": checkpoint_bytes(
+                    client, STORE_BUCKET, comparison["contenders"]["checkpoints"]["runs"][-1]["run_id"]),
+                "checkpoints_in_window": in_window,
+                "lost_per_checkpoint_s": lost, "lost_per_checkpoint_median_s": median(lost),
+                "step_s": step_s, "step_median_s": median(step_s),
+                "lost_in_steps_median": median(lost) / median(step_s),
+                "below_one_step": median(lost) < median(step_s),
+                "comparison": comparison,
+            })
+    return {"status": "ok", "every": plan.stall_every, "sizes": sizes,
+            "method": "paired runs with and without --checkpoint-dir; same step window from the trainer's "
+                      "metrics; a negative value is noise (no measurable loss)"}
+
+
+def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:
+    """Periodic checkpoints the trainer writes after steps in (start, end]; it skips one at the last
+    step of the run (the final checkpoint is written after the loop, outside the timed window)."""
+    n = sum(1 for s in range(start_step + 1, end_step) if s % every == 0)
+    if n == 0:
+        raise ValueError(f"no checkpoint falls in steps {start_step}..{end_step} with every={every}")
+    return n
+
+
+def checkpoint_bytes(client, bucket: str, run_id: str) -> int:
+    prefix = f"checkpoints/{run_id}/"
+    objects = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    sizes = [o["Size"] for o in objects if o["Key"].endswith("/state.pt")]
+    if not sizes:
+        raise BenchError(f"no checkpoint found under s3://{bucket}/{prefix}")
+    return max(sizes)
+
+
+def recovery_section(plan: Plan, progress: Progress) -> dict:
+    """On the local cluster (2 hosts): reclaim one host mid-run (SIGTERM, then it goes away); the flow
+    resubmits and the trainer resumes from its checkpoint. Measures SIGTERM -> first resumed step,
+    and steps of work lost."""
+    from cluster.backend import BackendError
+    from cluster.flow import DatasetSpec, FlowOptions, run_job
+    from cluster.job import JobSpec
+    from cluster.local.backend import LocalBackend
+
+    events: list[tuple[float, str]] = []
+
+    def out(line: str) -> None:
+        events.append((time.time(), line))
+        progress(f"  flow: {line}")
+
+    backend = LocalBackend(2, reclaim_grace_s=10, log=out)
+    job = JobSpec(name="bench-recovery", num_hosts=2, trainer_args=(
+        "--model", "cnn", "--width", str(plan.shape.width), "--batch-size", str(plan.shape.batch_size),
+        "--steps", str(plan.recovery_steps), "--checkpoint-every", str(plan.recovery_checkpoint_every),
+        "--log-every", "1"), env=PRODUCTION.env())
+    opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=512),
+                       reclaim_at_step=plan.recovery_reclaim_at, progress_bar=False,
+                       job_timeout_s=plan.timeout_s * 2)
+    try:
+        result = run_job(backend, job, opts, out=out)
+    except BackendError as e:
+        raise BenchError(f"recovery: the local cluster run failed: {e}") from None
+    if not result.succeeded or len(result.attempts) < 2:
+        raise BenchError(f"recovery: expected an interrupted attempt and a resumed one; got "
+                         f"{len(result.attempts)} attempt(s), exit {result.exit_code}: {result.message}")
+    return {"status": "ok", **recovery_figures(events, result.attempts[0].summary,
+                                                result.attempts[1].summary, result.metrics),
+            "network_namespaces": not any("no network namespaces" in line for _, line in events),
+            "job": {"hosts": 2, "steps": plan.recovery_steps,
+                    "checkpoint_every": plan.recovery_checkpoint_every,
+                    "reclaim_at_step": plan.recovery_reclaim_at, "grace_s": 10}}
+
+
+def recovery_figures(events: list[tuple[float, str]], first: dict, second: dict, metrics: list[dict]) -> dict:
+    """Pure: from the flow's timestamped messages and the two attempts' summaries/metrics."""
+    sigterm = [t for t, line in events if line.startswith("fault injection: reclaiming")]
+    if not sigterm:
+        raise ValueError("the flow never reported the reclaim")
+    resumed_from = second.get("resumed_from_step")
+    if resumed_from is None:
+        raise ValueError("the second attempt did not resume from a checkpoint")
+    after = sorted((r for r in metrics if int(r["step"]) > resumed_from), key=lambda r: r["step"])
+    if not after:
+        raise ValueError(f"no metrics after step {resumed_from} in the resumed attempt")
+    reached = int(first["steps"])
+    return {
+        "sigterm_to_resumed_s": float(after[0]["time"]) - sigterm[0],
+        "first_resumed_step": int(after[0]["step"]),
+        "interrupted_at_step": reached,
+        "resumed_from_step": int(resumed_from),
+        "steps_lost": reached - int(resumed_from),
+        "checkpoints_written_before_stop": first.get("checkpoints_written"),
+    }
+
+
+def plan_time_section(plan: Plan, progress: Progress) -> dict:
+    """bench/plan_time.py (owned by infra) run as it is; its figures are copied in."""
+    script = ROOT / "bench" / "plan_time.py"
+    if not script.exists():
+        return {"status": "skipped", "reason": "bench/plan_time.py is not there"}
+    results = ROOT / "bench" / "results" / "plan_time.json"
+    cmd = [sys.executable, str(script), "--runs", str(plan.plan_runs),
+           "--cold-runs", str(plan.plan_cold_runs)]
+    started = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=plan.timeout_s * 2)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"plan time: {' '.join(cmd)} did not finish in {plan.timeout_s * 2:.0f}s") from None
+    if proc.returncode != 0:
+        raise BenchError(f"plan time: exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
+    progress(proc.stdout.strip())
+    if not results.exists() or results.stat().st_mtime < started:
+        raise BenchError(f"plan time: {results} was not written by this run")
+    return {"status": "ok", "command": " ".join(["python", "bench/plan_time.py", *cmd[2:]]),
+            "figures": json.loads(results.read_text())}

@@ -1,0 +1,85 @@
+"""The human table printed at the end of a run (pure: results dict in, text out)."""
+
+from __future__ import annotations
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def render(results: dict) -> str:
+    lines = [f"benchmark {results['name']} ({'quick' if results['quick'] else 'full'} run) on "
+             f"{results['machine']['cores']} cores, {results['machine']['cpu_model']}; "
+             f"python {results['versions']['python']}, torch {results['versions']['torch']}, "
+             f"horovod {results['versions']['horovod']}"]
+    sections = results["sections"]
+    for name, section in sections.items():
+        if section["status"] != "ok":
+            lines.append(f"\n[{name}] {section['status'].upper()}: {section.get('reason', '')}")
+            continue
+        lines.append(f"\n[{name}]")
+        lines += _RENDERERS.get(name, lambda s: ["  (no table for this section)"])(section)
+    return "\n".join(lines)
+
+
+def _comparison_rows(comp: dict, unit: str = "samples/s") -> list[str]:
+    base = comp["baseline"]
+    rows = [f"  {'contender':28} {'median ' + unit:>18} {'ratio to ' + base:>16}   per repeat"]
+    for name, c in comp["contenders"].items():
+        r = comp["ratios"].get(name)
+        ratio = _ratio(r["median"]) if r else "(baseline)"
+        per = " ".join(f"{x:.2f}" for x in r["per_repeat"]) if r else ""
+        rows.append(f"  {name:28} {c['median']:>18.1f} {ratio:>16}   {per}")
+    rows.append(f"  {comp['repeats']} repeat(s), interleaved; ratio = median of per-repeat ratios")
+    return rows
+
+
+def _study(s: dict) -> list[str]:
+    return [*_comparison_rows(s["comparison"]),
+            f"  best: {s['best']} at {_ratio(s['best_ratio_to_ddp'])} DDP"]
+
+
+def _headline(s: dict) -> list[str]:
+    e, p = s["efficiency"], s["peer"]
+    return [
+        *_comparison_rows(s["comparison"]),
+        f"  trainer efficiency (trainer / bare Horovod): {_ratio(e['trainer_vs_bare_hvd'])} "
+        f"(target >= {e['target']}: {_met(e['met'])})",
+        *(f"  {name} / DDP: {_ratio(v['median'])} (target >= {v['target']}: {_met(v['met'])})"
+          for name, v in p.items()),
+        f"  window: {s['window']}",
+    ]
+
+
+def _stall(s: dict) -> list[str]:
+    rows = [f"  {'model':12} {'checkpoint MB':>14} {'step ms':>9} {'lost/ckpt ms':>13} {'in steps':>9}  "
+            f"(checkpoint every {s['every']} steps)"]
+    for z in s["sizes"]:
+        rows.append(f"  {z['model'] + ' w' + str(z['width']):12} {z['checkpoint_bytes'] / 1e6:>14.1f} "
+                    f"{z['step_median_s'] * 1e3:>9.1f} {z['lost_per_checkpoint_median_s'] * 1e3:>13.1f} "
+                    f"{z['lost_in_steps_median']:>9.2f}  "
+                    f"{'< 1 step' if z['below_one_step'] else '>= 1 step'}")
+    return rows
+
+
+def _recovery(s: dict) -> list[str]:
+    return [f"  SIGTERM -> training resumed: {s['sigterm_to_resumed_s']:.1f} s; steps of work lost: "
+            f"{s['steps_lost']} (interrupted at step {s['interrupted_at_step']}, resumed from "
+            f"{s['resumed_from_step']}); network namespaces: {s['network_namespaces']}"]
+
+
+def _plan(s: dict) -> list[str]:
+    rows = [f"  {'stack':8} {'resources':>9} {'cold wall s':>12} {'cold cpu s':>11} {'warm s':>8}"]
+    nan = float("nan")
+    for stack, f in s["figures"].get("stacks", {}).items():
+        rows.append(f"  {stack:8} {f.get('resources', '?'):>9} {f.get('cold_wall_median_s', nan):>12.2f} "
+                    f"{f.get('cold_cpu_median_s', nan):>11.2f} {f.get('warm_median_s', nan):>8.2f}")
+    return rows
+
+
+_RENDERERS = {"peer_study": _study, "headline": _headline, "checkpoint_stall": _stall,
+              "recovery": _recovery, "plan_time": _plan}

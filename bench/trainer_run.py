@@ -1,0 +1,104 @@
+"""Run the real trainer (`python -m train`) under horovodrun, exactly as the backends launch it, and
+read its steady-state throughput from its own metrics over a chosen step window."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.launch import BenchError, run_command, venv_bin
+from bench.peer import HorovodSettings, LoopShape
+from cluster.job import JobSpec
+from cluster.launch import horovodrun_command
+
+LOG_EVERY = 10  # the trainer's metrics cadence; the timed window starts and ends on logged steps
+
+
+def window_rate(records: list[dict], start_step: int, end_step: int, samples_per_step: int) -> float:
+    """Samples/s between two logged steps, from the trainer's own records (their "time" is taken on
+    rank 0 after the step's loss allreduce, i.e. when every rank has finished that step)."""
+    if end_step <= start_step:
+        raise ValueError(f"empty window: steps {start_step}..{end_step}")
+    by_step = {int(r["step"]): float(r["time"]) for r in records if "step" in r and "time" in r}
+    missing = [s for s in (start_step, end_step) if s not in by_step]
+    if missing:
+        raise ValueError(f"no metrics record for step(s) {missing} (logged: {sorted(by_step)[:8]}...)")
+    elapsed = by_step[end_step] - by_step[start_step]
+    if elapsed <= 0:
+        raise ValueError(f"non-increasing record times between steps {start_step} and {end_step}")
+    return (end_step - start_step) * samples_per_step / elapsed
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """One trainer configuration to run; `checkpoint_every` 0 means no checkpoint store at all."""
+
+    shape: LoopShape
+    settings: HorovodSettings
+    checkpoint_every: int
+    endpoint_url: str | None = None
+    bucket: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.shape.warmup % LOG_EVERY or self.shape.steps % LOG_EVERY:
+            raise ValueError(f"warmup and steps must be multiples of {LOG_EVERY} (the metrics cadence)")
+        if self.checkpoint_every and not (self.endpoint_url and self.bucket):
+            raise ValueError("checkpoints need the object store's endpoint and a bucket")
+
+    def trainer_args(self, metrics_file: Path, run_id: str) -> list[str]:
+        s, h = self.shape, self.settings
+        args = ["--model", s.model, "--width", str(s.width), "--batch-size", str(s.batch_size),
+                "--steps", str(s.warmup + s.steps), "--data", "synthetic", "--compression", h.compression,
+                "--metrics-file", str(metrics_file), "--log-every", str(LOG_EVERY), "--no-progress"]
+        if h.cycle_time_ms is not None:
+            args += ["--cycle-time-ms", f"{h.cycle_time_ms:g}"]
+        if h.fusion_mb is not None:
+            args += ["--fusion-threshold-mb", f"{h.fusion_mb:g}"]
+        if self.checkpoint_every:
+            args += ["--checkpoint-dir", f"s3://{self.bucket}/checkpoints/{run_id}",
+                     "--checkpoint-every", str(self.checkpoint_every), "--s3-endpoint-url", self.endpoint_url]
+        return args
+
+    def env(self, store_env: dict[str, str]) -> dict[str, str]:
+        # Knobs the trainer has flags for go as flags (above); threads and autotune have none.
+        knobs = {k: v for k, v in self.settings.env().items()
+                 if k not in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
+        return {**store_env, **knobs}
+
+    def run(self, label: str, workdir: Path, store_env: dict[str, str], timeout_s: float) -> dict:
+        from train.metrics import parse_summary
+
+        run_id = f"{label}-{uuid.uuid4().hex[:8]}"
+        metrics_file = workdir / f"{run_id}.jsonl"
+        job = JobSpec(name="bench", num_hosts=1, slots_per_host=self.shape.workers,
+                      trainer_args=tuple(self.trainer_args(metrics_file, run_id)))
+        cmd = horovodrun_command(job, hosts=["localhost"], python=sys.executable)
+        cmd[0] = venv_bin("horovodrun")
+        out = run_command(label, cmd, self.env(store_env), timeout_s)
+        try:
+            summary = parse_summary(out)
+            records = read_metrics(metrics_file)
+            world = int(summary["world_size"])
+            rate = window_rate(records, self.shape.warmup, self.shape.warmup + self.shape.steps,
+                               world * self.shape.batch_size)
+        except (ValueError, KeyError) as e:
+            raise BenchError(f"{label}: could not read the trainer's results: {e}") from None
+        return {
+            "samples_per_sec": rate,
+            "window_s": self.shape.steps * world * self.shape.batch_size / rate,
+            "steps": self.shape.steps,
+            "world_size": world,
+            "batch_size": self.shape.batch_size,
+            "summary_samples_per_sec": summary["samples_per_sec"],
+            "checkpoints_written": summary["checkpoints_written"],
+            "run_id": run_id,
+        }

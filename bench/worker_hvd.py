@@ -1,0 +1,69 @@
+"""The bare Horovod loop: `horovodrun --gloo -np 2 -H localhost:2 python -m bench.worker_hvd ...`.
+
+Horovod's tuning knobs (HOROVOD_CYCLE_TIME, HOROVOD_FUSION_THRESHOLD, HOROVOD_AUTOTUNE) arrive as
+environment variables from the harness; threads and compression as arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+
+from bench.model import batch, build
+from bench.workerlib import apply_threads, report, timed_loop, worker_args
+
+_TUNING_ENV = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_AUTOTUNE", "OMP_NUM_THREADS")
+
+
+def wait_sleeping(optimizer, interval_s: float) -> None:
+    """Wait for the gradients' allreduces by polling with sleeps.
+
+    optimizer.step() waits in Horovod's WaitAndClear, which spins (std::this_thread::yield) until the
+    background thread has finished the allreduce. On a machine with no spare core the spinning main
+    thread competes with the very threads doing the allreduce; sleeping between polls hands them
+    the core. (Horovod keeps its handles in the private `_handles`; this is a study of the effect.)
+    """
+    handles = [h for h, _ in optimizer._handles.values() if h is not None]
+    while not all(hvd.poll(h) for h in handles):
+        time.sleep(interval_s)
+
+
+def main() -> None:
+    args = worker_args()
+    apply_threads(args.threads)
+    hvd.init()
+    torch.manual_seed(args.seed)
+    model = build(args.model, args.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9)
+    compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    x, y = batch(args.seed, hvd.rank(), args.batch_size)
+
+    def step(i: int) -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if args.wait == "poll":
+            wait_sleeping(optimizer, args.poll_interval_ms / 1000)
+        optimizer.step()
+
+    def barrier() -> None:
+        hvd.allreduce(torch.zeros(1), name="bench.barrier")
+
+    times, window = timed_loop(step, args.warmup, args.steps, barrier)
+    report(hvd.rank(), hvd.size(), args.batch_size, times, window, {
+        "framework": "horovod",
+        "compression": args.compression,
+        "env": {k: os.environ[k] for k in _TUNING_ENV if k in os.environ},
+    })
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

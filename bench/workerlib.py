@@ -1,0 +1,83 @@
+"""What the bare training loops share: argument parsing, the timed loop, the result line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from bench.model import MODELS
+from bench.stats import throughput
+
+# Rank 0 of every bench worker prints exactly one line with this prefix; the harness parses it.
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="a bare training loop timed for the benchmarks")
+    p.add_argument("--steps", type=int, default=200, help="timed steps (after warmup)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--model", choices=MODELS, default="cnn", help="the trainer's model (train/model.py)")
+    p.add_argument("--width", type=int, default=32, help="channels (cnn) or hidden units (mlp)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: leave as is)")
+    p.add_argument("--compression", choices=["none", "fp16"], default="none", help="Horovod only")
+    p.add_argument("--wait", choices=["spin", "poll"], default="spin",
+                   help="Horovod only: how the loop waits for gradients (spin: Horovod's own wait)")
+    p.add_argument("--poll-interval-ms", type=float, default=0.2, help="with --wait poll")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "width"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.warmup < 0 or args.threads < 0:
+        p.error("--warmup and --threads must be >= 0")
+    return args
+
+
+def apply_threads(threads: int) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def timed_loop(
+    step: Callable[[int], None], warmup: int, steps: int, barrier: Callable[[], None]
+) -> tuple[list[float], float]:
+    """Run warmup steps, then `steps` timed ones; returns each timed step's wall time and the whole
+    timed window, in seconds.
+
+    Barriers before and after the timed window make every rank start and stop together, so rank 0's
+    window is the job's window.
+    """
+    for i in range(warmup):
+        step(i)
+    barrier()
+    start = time.perf_counter()
+    times = []
+    for i in range(warmup, warmup + steps):
+        t0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - t0)
+    barrier()
+    return times, time.perf_counter() - start
+
+
+def report(rank: int, world: int, batch_size: int, times: list[float], window_s: float, extra: dict) -> None:
+    if rank != 0:
+        return
+    record = {
+        "world_size": world,
+        "batch_size": batch_size,
+        "steps": len(times),
+        "window_s": window_s,
+        "samples_per_sec": throughput(world * batch_size * len(times), window_s),
+        "step_times_s": times,
+        "torch_threads": torch.get_num_threads(),
+        **extra,
+    }
+    sys.stdout.write(RESULT_PREFIX + json.dumps(record) + "\n")
+    sys.stdout.flush()
