@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from cluster.backend import Backend, BackendError
 from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, format_summary, run_job
-from cluster.job import JobSpec
+from cluster.job import EXIT_BAD_INPUT, JobSpec
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -151,6 +151,20 @@ def check_args(a: argparse.Namespace) -> None:
         raise UsageError("; ".join(problems))
 
 
+def check_trainer_args(job: JobSpec) -> None:
+    """Validate the trainer's arguments here, before anything is stood up (the trainer's own parser
+    and checks are pure). Without it a typo would cost a cluster start and come back as exit 2."""
+    if importlib.util.find_spec("train.config") is None:
+        return  # the trainer is checked by check_environment
+    from train.config import parse_args
+    from train.errors import BadInput
+
+    try:
+        parse_args(list(job.trainer_args))
+    except BadInput as e:
+        raise UsageError(f"trainer arguments: {e}") from None
+
+
 def job_from_args(a: argparse.Namespace) -> JobSpec:
     extra = list(a.trainer_args[1:]) if a.trainer_args else []
     trainer_args = ["--model", a.model, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
@@ -224,8 +238,9 @@ def _wait_for_ctrl_c(backend: Backend) -> None:
 def cmd_run(a: argparse.Namespace) -> int:
     check_args(a)
     check_environment(a.backend)
-    backend = make_backend(a)
     job = job_from_args(a)
+    check_trainer_args(job)
+    backend = make_backend(a)
     opts = options_from_args(a)
     try:
         from tqdm import tqdm
@@ -240,7 +255,9 @@ def cmd_run(a: argparse.Namespace) -> int:
             _wait_for_ctrl_c(backend)
         else:
             print(f"stack {a.stack} stays up (--keep-up): tear it down with scripts/down")
-    return 0 if result.succeeded else EXIT_FAILED
+    if result.succeeded:
+        return 0
+    return EXIT_USAGE if result.exit_code == EXIT_BAD_INPUT else EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,6 +111,29 @@ def is_trainer_message(line: str) -> bool:
     return "train: " in line or "ringtrain:" in line
 
 
+def without_launcher_traceback(lines: list[str]) -> list[str]:
+    """The output minus horovodrun's own Python traceback for "a worker exited non-zero", which
+    repeats what its "Process N exit with status code C" line already said (pure)."""
+    kept: list[str] = []
+    block: list[str] = []
+    for line in lines:
+        if block:
+            block.append(line)
+            if line.startswith(("RuntimeError: Horovod detected", "Process name:", "Exit code:")):
+                continue
+            if line.startswith(("  ", "    ")) or not line.strip():
+                continue
+            kept.extend(block)  # not horovodrun's block after all
+            block = []
+        elif line.startswith("Traceback (most recent call last):"):
+            block = [line]
+        else:
+            kept.append(line)
+    if block and not any(ln.startswith("RuntimeError: Horovod detected") for ln in block):
+        kept.extend(block)
+    return kept
+
+
 def format_summary(result: FlowResult) -> str:
     """The human summary printed at the end of a run (pure)."""
     s = result.summary
@@ -346,7 +369,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 attempts.append(Attempt(last.exit_code, last.summary, hosts, last.message))
                 if last.exit_code not in (0, EXIT_INTERRUPTED_RESUMABLE) and not opts.echo_logs:
                     out(f"attempt {attempt_no} failed (exit code {last.exit_code}); its last output:")
-                    for line in follower.tail:
+                    for line in without_launcher_traceback(list(follower.tail)):
                         out(f"  | {line}")
                 if last.exit_code != EXIT_INTERRUPTED_RESUMABLE:
                     break

@@ -260,7 +260,7 @@ class LocalBackend(Backend):
         job.reader.join(timeout=30)
         summary = parse_summary(job.lines)
         code = job_exit_code(rc, worker_exit_codes(job.lines), summary)
-        message = "" if code == 0 else _failure_message(code, job.lines)
+        message = "" if code == 0 else failure_message(code, job.lines)
         return JobResult(name=handle.name, succeeded=code == 0, exit_code=code, summary=summary,
                          metrics=_read_metrics(job.metrics_file), message=message)
 
@@ -337,9 +337,16 @@ def _read_metrics(path: Path, last_only: bool = False) -> list[dict]:
     return records
 
 
-def _failure_message(code: int, lines: list[str]) -> str:
+def failure_message(code: int, lines: list[str]) -> str:
+    """Why a job failed, from its output (pure): the trainer's own messages first, else which worker
+    exited how (horovodrun's traceback around that says nothing more)."""
     if code == EXIT_INTERRUPTED_RESUMABLE:
         return "interrupted after a checkpoint (resumable)"
-    errors = [ln for ln in lines if "error" in ln.lower() and "Traceback" not in ln]
-    tail = errors[-3:] if errors else lines[-5:]
-    return f"exit code {code}: " + " | ".join(t.strip() for t in tail)
+    trainer = [ln.split(">:", 1)[-1].strip() for ln in lines if "train: " in ln]
+    if trainer:
+        return f"exit code {code}: " + " | ".join(dict.fromkeys(trainer[-3:]))
+    exits = [ln.strip() for ln in lines if _WORKER_EXIT.match(ln.strip())]
+    if exits:
+        return f"exit code {code}: " + " ".join(exits[:3])
+    tail = [ln.strip() for ln in lines if ln.strip()][-3:]
+    return f"exit code {code}: " + " | ".join(tail)

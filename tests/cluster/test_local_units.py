@@ -259,3 +259,45 @@ def test_cli_aws_backend_absent_is_a_clear_error(monkeypatch, capsys):
     assert cli.main(["run", "--backend", "aws", "--stack", "dev"]) == cli.EXIT_FAILED
     err = capsys.readouterr().err
     assert "AWS backend (cluster/aws/backend.py) is not in this checkout" in err
+
+
+HOROVODRUN_FAILURE = [
+    "Process 1 exit with status code 2.",
+    "Terminating remaining workers after failure of Process 1.",
+    "Traceback (most recent call last):",
+    '  File "/venv/bin/horovodrun", line 7, in <module>',
+    "    sys.exit(run_commandline())",
+    "RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing",
+    "Process name: 1",
+    "Exit code: 2",
+    "",
+]
+
+
+def test_failure_message_prefers_the_trainers_words_then_the_worker_exits():
+    from cluster.local.backend import failure_message
+
+    with_msg = ["[1]<stderr>:train: error: --lr -1.0: must be > 0", *HOROVODRUN_FAILURE]
+    assert failure_message(2, with_msg) == "exit code 2: train: error: --lr -1.0: must be > 0"
+    assert failure_message(2, HOROVODRUN_FAILURE) == "exit code 2: Process 1 exit with status code 2."
+    assert failure_message(75, []) == "interrupted after a checkpoint (resumable)"
+
+
+def test_horovodruns_own_traceback_is_dropped_from_failure_output():
+    from cluster.flow import without_launcher_traceback
+
+    assert without_launcher_traceback(HOROVODRUN_FAILURE) == HOROVODRUN_FAILURE[:2]
+    # A worker's own traceback is the interesting part and stays.
+    worker = ["[0]<stderr>:Traceback (most recent call last):", "[0]<stderr>:ValueError: boom"]
+    assert without_launcher_traceback(worker) == worker
+    other = ["Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'k'"]
+    assert without_launcher_traceback(other) == other
+
+
+def test_cli_rejects_bad_trainer_arguments_before_standing_anything_up(capsys):
+    from cluster import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "--", "--lr", "-1"])
+    assert e.value.code == 2
+    assert "run: error: trainer arguments: --lr -1.0: must be > 0" in capsys.readouterr().err
