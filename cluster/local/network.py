@@ -153,6 +153,12 @@ def claim_subnet(num_hosts: int, rng: random.Random | None = None) -> NetworkPla
             _ip("link", "add", plan.iface, "type", "bridge")
         except NetworkSetupError:
             continue  # taken by a cluster started in parallel: try another
+        # Where br_netfilter is loaded (any Docker host), bridged frames go through iptables'
+        # FORWARD chain, whose policy there is DROP: host-to-host traffic would vanish. This bridge
+        # only joins our own namespaces, so keep it out of netfilter (best effort: older kernels lack it).
+        with contextlib.suppress(NetworkSetupError):
+            _ip("link", "set", plan.iface, "type", "bridge",
+                "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0")
         try:
             _ip("addr", "add", f"{plan.driver_address}/24", "dev", plan.iface)
             _ip("link", "set", plan.iface, "up")
