@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cluster.flow import DatasetSpec, FlowOptions, run_job
@@ -51,6 +52,7 @@ def _trainer_available():
 @pytest.mark.parametrize("isolated", [None], ids=["auto"])
 def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     _trainer_available()
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     backend = RecordingBackend(2, isolated=isolated, reclaim_grace_s=10, log=print)
     job = JobSpec(name="flowtest", num_hosts=2,
                   trainer_args=("--steps", "40", "--checkpoint-every", "10", "--batch-size", "32",
@@ -76,6 +78,8 @@ def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     assert result.metrics and result.metrics[-1]["step"] == 40
 
     assert leftovers(**backend.seen) == []
+    new_children = [p for p in psutil.Process().children(recursive=True) if p.pid not in children_before]
+    assert new_children == []
 
 
 def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
