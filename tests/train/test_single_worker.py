@@ -44,8 +44,10 @@ def test_fp16_with_grad_scaler_on_cnn(tmp_path, local_dataset):
 
 def test_sigterm_checkpoints_exits_75_and_resume_continues(tmp_path, local_dataset):
     ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    # --adasum: the stop vote goes through its own allreduce there (the 2-worker test covers the
+    # vote carried in the gradients).
     args = ("--data", str(local_dataset), "--log-every", "1", "--checkpoint-dir", str(ck),
-            "--metrics-file", str(metrics))
+            "--metrics-file", str(metrics), "--adasum")
     proc = start(train_cmd(*args, "--steps", "400"), env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.02"}))
     wait_for(lambda: len(metrics_steps(metrics)) >= 5, 60, "5 steps", proc)
     proc.send_signal(signal.SIGTERM)
