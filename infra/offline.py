@@ -1,6 +1,6 @@
 """Run the real Pulumi program (infra/__main__.py) offline under Pulumi mocks and capture what it declares.
 
-Importable machinery shared by the operator's offline plan (`cluster.aws.plan`, no credentials and no
+Importable machinery shared by the operator's offline plan (`cluster.aws.plan`: no credentials and no
 Pulumi CLI needed) and the infra tests (tests/infra/harness.py re-exports it).
 
     result = run_program("prod")                      # a committed stack: Pulumi.prod.yaml
@@ -19,6 +19,8 @@ answer fails the run naming its token, so a test never passes on a silently empt
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 import runpy
 import threading
@@ -43,7 +45,7 @@ COMMITTED_STACKS = ("dev", "prod")
 
 
 class HarnessError(Exception):
-    """The offline run itself could not answer (an unmocked invoke, a duplicate URN)."""
+    """The harness itself could not answer (an unmocked invoke, a duplicate URN)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,6 +93,8 @@ class CapturedResource:
     dependencies: list[str] = field(default_factory=list)
     ignore_changes: list[str] = field(default_factory=list)
     providers: dict[str, str] = field(default_factory=dict)  # component `providers=` map
+    # Added by infra-compute: node groups with fixed names must be replaced delete-first.
+    delete_before_replace: bool = False
 
     @property
     def provider_urn(self) -> str:
@@ -268,14 +272,19 @@ class _RecordingMocks(pulumi.runtime.Mocks):
         self.region = region
         self.invokes = dict(invokes)
         self.invoked: list[tuple[str, dict]] = []
-        self._counter = 0
+        self._ids: set[str] = set()
         self._lock = threading.Lock()
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        # Ids depend on type and name only, so two runs of the program give equal inputs (a stack with
+        # compute off can be compared with one with compute on); a clash gets a counter.
+        base = args.resource_id or f"{args.name}-{hashlib.sha1(args.typ.encode()).hexdigest()[:8]}"
         with self._lock:
-            self._counter += 1
-            n = self._counter
-        rid = args.resource_id or f"{args.name}-{n:06d}"
+            rid, n = base, 1
+            while rid in self._ids:
+                n += 1
+                rid = f"{base}-{n}"
+            self._ids.add(rid)
         if args.typ.startswith("pulumi:providers:"):
             return rid, dict(args.inputs)
         state = {**_default_outputs(args.typ, args.name, args.inputs, self.region, rid), **args.inputs}
@@ -289,8 +298,9 @@ class _RecordingMocks(pulumi.runtime.Mocks):
         fn = self.invokes.get(args.token)
         if fn is None:
             raise HarnessError(
-                f"the offline run has no mock answer for invoke {args.token!r}; add one to "
-                f"infra/offline.py INVOKES (known: {sorted(self.invokes)})"
+                f"the test harness has no mock answer for invoke {args.token!r}; add one to "
+                f"infra/offline.py INVOKES "
+                f"(answered: {sorted(t for t, f in self.invokes.items() if f)})"
             )
         return fn(dict(args.args), self.region), []
 
@@ -308,8 +318,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         if request.type != "pulumi:pulumi:Stack":
             with self._lock:
                 if urn in self.captured:
-                    raise HarnessError(
-                        f"duplicate resource URN {urn} (two resources with the same type and name)")
+                    raise HarnessError(f"duplicate resource URN {urn} (two resources with one type and name)")
         response = super().RegisterResource(request)
         if request.type == "pulumi:pulumi:Stack":
             return response
@@ -330,6 +339,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             dependencies=list(request.dependencies),
             ignore_changes=list(request.ignoreChanges),
             providers=dict(request.providers),
+            delete_before_replace=bool(request.deleteBeforeReplace),
         )
         with self._lock:
             self.captured[urn] = captured
@@ -337,7 +347,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def ReadResource(self, request):
         raise HarnessError(f"the program reads an existing resource ({request.type} {request.name}); "
-                           "the offline run does not model reads")
+                           "the harness does not model reads")
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,7 +402,17 @@ def run_program(
                 if await out.is_secret():
                     secret_exports.add(key)
 
-        _sync_await(run_pulumi_func(program))
+        try:
+            _sync_await(run_pulumi_func(program))
+        except BaseException as exc:
+            # What was registered before the failure (a bad config must leave this empty).
+            exc.harness_resources = list(monitor.captured.values())  # type: ignore[attr-defined]
+            # Drop the failed run's pending work now, so its never-awaited futures are collected (and
+            # logged) inside the failing call rather than in some later test or at exit.
+            pulumi_settings.SETTINGS.rpc_manager.clear()
+            pulumi_settings.SETTINGS.outputs.clear()
+            gc.collect()
+            raise
         resources = list(monitor.captured.values())
 
     return ProgramResult(stack=stack, config=cfg, resources=resources, exports=exports,
