@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = sections.QUICK if args.quick else sections.FULL
     if args.repeats is not None:
-        plan = sections.replace(plan, repeats=args.repeats, stall_repeats=args.repeats)
+        plan = sections.replace(plan, repeats=args.repeats, headline_repeats=args.repeats,
+                                stall_repeats=args.repeats)
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -30,7 +30,8 @@ STORE_BUCKET = "bench"
 class Plan:
     """How big each section is: the full run and --quick differ only here."""
 
-    repeats: int
+    repeats: int                     # peer study
+    headline_repeats: int
     shape: LoopShape                 # peer study and headline
     study: tuple[str, ...]           # settings of STUDY to run
     checkpoint_every: int            # headline trainer run
@@ -47,14 +48,15 @@ class Plan:
 
 
 FULL = Plan(
-    repeats=5, shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
+    repeats=3, headline_repeats=5, shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY),
+    checkpoint_every=50,
     stall_widths=(256, 1024, 2048), stall_shape=LoopShape(steps=100, warmup=20, model="mlp"),
     stall_every=25, stall_repeats=3,
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
 )
 QUICK = Plan(
-    repeats=1, shape=LoopShape(steps=30, warmup=10, width=16),
+    repeats=1, headline_repeats=1, shape=LoopShape(steps=30, warmup=10, width=16),
     study=("hvd-defaults", "hvd-threads1"), checkpoint_every=10,
     stall_widths=(256,), stall_shape=LoopShape(steps=20, warmup=10, model="mlp"), stall_every=10,
     stall_repeats=1,
@@ -92,7 +94,7 @@ def headline_section(plan: Plan, progress: Progress) -> dict:
             horovod_contender("bare-hvd", PRODUCTION, plan.shape, plan.timeout_s),
             ddp_contender(plan.shape, plan.timeout_s),
         ]
-        comparison = run_comparison(contenders, "bare-hvd", plan.repeats, progress=progress)
+        comparison = run_comparison(contenders, "bare-hvd", plan.headline_repeats, progress=progress)
     samples = {name: c["samples"] for name, c in comparison["contenders"].items()}
     efficiency = comparison["ratios"]["trainer"]
     vs_ddp = {name: paired_ratios(samples[name], samples["ddp"]) for name in ("trainer", "bare-hvd")}

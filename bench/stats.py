@@ -59,8 +59,3 @@ def throughput(samples: int, seconds: float) -> float:
         raise ValueError(f"elapsed time must be positive, got {seconds}")
     return samples / seconds
 
-
-def excess_time(step_times: Sequence[float], typical: float) -> float:
-    """Time spent beyond `typical` over a run of steps (never negative per step: a step that ran
-    faster than typical does not pay back a stall, it is noise)."""
-    return float(sum(max(0.0, t - typical) for t in step_times))

@@ -1,0 +1,79 @@
+"""Reading the trainer's steady-state throughput, checkpoint counts and recovery figures (pure parts)."""
+
+import pytest
+
+from bench.peer import HorovodSettings, LoopShape
+from bench.sections import checkpoints_in_window, recovery_figures
+from bench.trainer_run import TrainerRun, window_rate
+
+
+def records(times):
+    return [{"step": s, "time": t, "loss": 1.0} for s, t in times.items()]
+
+
+def test_window_rate_uses_only_the_steps_inside_the_window():
+    recs = records({10: 100.0, 20: 101.0, 30: 103.0, 40: 104.0})
+    # Steps 20..40: 20 steps x 64 samples in 3 s; the slow start before step 20 does not count.
+    assert window_rate(recs, 20, 40, 64) == pytest.approx(20 * 64 / 3.0)
+
+
+@pytest.mark.parametrize("start,end,match", [(20, 20, "empty"), (20, 50, r"step\(s\) \[50\]"),
+                                             (15, 40, r"step\(s\) \[15\]")])
+def test_window_rate_refuses_windows_it_cannot_measure(start, end, match):
+    with pytest.raises(ValueError, match=match):
+        window_rate(records({10: 1.0, 20: 2.0, 40: 3.0}), start, end, 64)
+
+
+def test_trainer_runs_take_the_same_knobs_as_the_bare_loop(tmp_path):
+    shape = LoopShape(steps=200, warmup=20, width=64)
+    run = TrainerRun(shape, HorovodSettings(threads=1, cycle_time_ms=2.5, fusion_mb=0, compression="fp16"),
+                     50, "http://127.0.0.1:9999", "bench")
+    args = run.trainer_args(tmp_path / "m.jsonl", "r1")
+    pairs = {flag: args[i + 1] for i, flag in enumerate(args[:-1]) if flag.startswith("--")}
+    assert pairs["--model"] == "cnn" and pairs["--width"] == "64" and pairs["--batch-size"] == "32"
+    assert pairs["--steps"] == "220" and pairs["--data"] == "synthetic"
+    assert pairs["--cycle-time-ms"] == "2.5" and pairs["--fusion-threshold-mb"] == "0"
+    assert pairs["--compression"] == "fp16"
+    assert pairs["--checkpoint-dir"] == "s3://bench/checkpoints/r1" and pairs["--checkpoint-every"] == "50"
+    # Knobs with trainer flags go as flags; threads (no flag) as the environment torch reads.
+    assert run.env({"AWS_ENDPOINT_URL": "x"}) == {"AWS_ENDPOINT_URL": "x", "OMP_NUM_THREADS": "1"}
+    no_ckpt = TrainerRun(shape, HorovodSettings(), 0).trainer_args(tmp_path / "m.jsonl", "r2")
+    assert "--checkpoint-dir" not in no_ckpt and "--cycle-time-ms" not in no_ckpt
+
+
+def test_trainer_run_refuses_windows_off_the_metrics_cadence():
+    with pytest.raises(ValueError, match="multiples"):
+        TrainerRun(LoopShape(steps=205, warmup=20), HorovodSettings(), 0)
+    with pytest.raises(ValueError, match="object store"):
+        TrainerRun(LoopShape(steps=200, warmup=20), HorovodSettings(), 50)
+
+
+def test_checkpoints_in_window_skips_the_last_step_and_the_warmup():
+    assert checkpoints_in_window(20, 120, 25) == 4     # 25, 50, 75, 100
+    assert checkpoints_in_window(20, 100, 25) == 3     # 100 is the run's last step: no periodic one
+    assert checkpoints_in_window(20, 220, 50) == 4     # 50, 100, 150, 200
+    with pytest.raises(ValueError):
+        checkpoints_in_window(0, 10, 50)
+
+
+def test_recovery_figures():
+    events = [(1000.0, "attempt 1: submitted"), (1010.0, "fault injection: reclaiming host-1 (...)"),
+              (1030.0, "attempt 2: submitted")]
+    first = {"steps": 73, "checkpoints_written": 2}
+    second = {"resumed_from_step": 73}
+    metrics = [{"step": 75, "time": 1041.0}, {"step": 74, "time": 1040.5}, {"step": 73, "time": 999.0}]
+    got = recovery_figures(events, first, second, metrics)
+    assert got["sigterm_to_resumed_s"] == pytest.approx(30.5)
+    assert got["first_resumed_step"] == 74
+    assert got["steps_lost"] == 0 and got["interrupted_at_step"] == 73
+    # Resumed from an older checkpoint: the steps in between are lost work.
+    assert recovery_figures(events, {"steps": 73}, {"resumed_from_step": 50},
+                            [{"step": 51, "time": 1050.0}])["steps_lost"] == 23
+
+
+def test_recovery_figures_need_a_reclaim_and_a_resume():
+    with pytest.raises(ValueError, match="reclaim"):
+        recovery_figures([], {"steps": 5}, {"resumed_from_step": 5}, [{"step": 6, "time": 1.0}])
+    with pytest.raises(ValueError, match="did not resume"):
+        recovery_figures([(1.0, "fault injection: reclaiming h")], {"steps": 5},
+                         {"resumed_from_step": None}, [])
