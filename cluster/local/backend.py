@@ -29,10 +29,10 @@ from pathlib import Path
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec
 from cluster.launch import horovodrun_command
-from cluster.local import procs
+from cluster.local import procs, reaper
 from cluster.local.hosts import HostError, LocalHosts
 from cluster.local.network import NetworkSetupError
-from cluster.local.objectstore import ObjectStore
+from cluster.local.objectstore import ObjectStore, free_port
 from cluster.local.ssh import SshSetupError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -132,15 +132,20 @@ class LocalBackend(Backend):
     def up(self) -> None:
         if self.hosts is not None:
             return
-        self.workdir = Path(tempfile.mkdtemp(prefix="ringtrain-local-"))
+        reaper.reap_stale_clusters(self.log)
+        self.workdir = Path(tempfile.mkdtemp(prefix=reaper.WORKDIR_PREFIX))
         try:
+            reaper.write_owner(self.workdir)
             self.hosts = LocalHosts(num_hosts=self._num_hosts, workdir=self.workdir / "cluster",
                                     slots_per_host=self._slots, isolated=self._isolated, log=self.log)
             self.hosts.up()
             if not self.hosts.isolated and self.hosts.fallback_reason:
                 self.log(f"local backend: no network namespaces ({self.hosts.fallback_reason}); "
                          "falling back to worker hosts as processes on localhost")
-            self.store = ObjectStore(host=self.hosts.driver_address).start()
+            self.store = ObjectStore(host=self.hosts.driver_address)
+            self.store.port = free_port(self.store.host)
+            reaper.write_owner(self.workdir, (self.store.host, self.store.port))
+            self.store.start()
             client = self.store.client()
             for bucket in bucket_names(self.prefix):
                 client.create_bucket(Bucket=bucket)

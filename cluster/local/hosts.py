@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from cluster.local import network, procs, ssh
+from cluster.local import network, procs, reaper, ssh
 from cluster.local.network import HostPlan, NetworkPlan
 
 
@@ -112,6 +112,7 @@ class LocalHosts:
             self.plan = (network.claim_subnet(self.num_hosts) if self.isolated
                          else network.loopback_plan(self.num_hosts))
             self.workdir.mkdir(parents=True, exist_ok=True)
+            reaper.write_plan(self.workdir, self.plan)  # so a dead owner's cluster can be found and reaped
             port = 22 if self.isolated else pick_port([h.address for h in self.plan.hosts])
             self.keys = ssh.create_keys(self.workdir / "ssh", port)
             self.hosts = [Host(plan=h, slots=self.slots_per_host) for h in self.plan.hosts]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from cluster.local.hosts import LocalHosts
 from cluster.local.leftovers import leftovers
 
 pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
 
 WORKER = """
 import pathlib, signal, sys, time
@@ -113,3 +116,36 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
     for pid in sshd_pids:
         alive = subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
         assert not alive, f"sshd {pid} still running"
+
+
+OWNER = """
+import sys, time
+from cluster.local.backend import LocalBackend
+b = LocalBackend(2, isolated={isolated}, log=lambda m: None)
+b.up()
+print("UP", b.workdir, b.hosts.plan.subnet_index, b.store.host, b.store.port, b.hosts.keys.port, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_cluster_whose_owner_was_killed_is_reaped_by_the_next_up(isolated):
+    from cluster.local.reaper import reap_stale_clusters
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(isolated=isolated)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        line = owner.stdout.readline().split()
+        assert line and line[0] == "UP", line
+    finally:
+        owner.kill()  # SIGKILL: no teardown can run
+        owner.wait(timeout=10)
+    workdir, subnet, store = Path(line[1]), int(line[2]), (line[3], int(line[4]))
+    plan = network.plan_network(subnet, 2, isolated=isolated)
+    listen = [store] + [(h.address, int(line[5])) for h in plan.hosts]
+    left = dict(subnet_index=subnet, isolated=isolated, workdir=workdir, listen=listen)
+    assert leftovers(**left), "the killed owner should have left its cluster behind"
+
+    messages: list[str] = []
+    assert reap_stale_clusters(messages.append) >= 1
+    assert leftovers(**left) == []
+    assert any(workdir.name in m for m in messages)

@@ -301,3 +301,25 @@ def test_cli_rejects_bad_trainer_arguments_before_standing_anything_up(capsys):
         cli.main(["run", "--", "--lr", "-1"])
     assert e.value.code == 2
     assert "run: error: trainer arguments: --lr -1.0: must be > 0" in capsys.readouterr().err
+
+
+def test_only_clusters_whose_owner_is_gone_count_as_stale(tmp_path):
+    import json
+
+    import psutil
+
+    from cluster.local import reaper
+
+    me = psutil.Process()
+    live = tmp_path / "ringtrain-local-live"
+    dead = tmp_path / "ringtrain-local-dead"
+    reused = tmp_path / "ringtrain-local-reused"       # same pid, another process (pid reuse)
+    starting = tmp_path / "ringtrain-local-starting"   # owner record not written yet
+    other = tmp_path / "someone-else"
+    for d in (live, dead, reused, starting, other):
+        d.mkdir()
+    (live / "owner.json").write_text(json.dumps(reaper.owner_record(me.pid, me.create_time())))
+    (dead / "owner.json").write_text(json.dumps(reaper.owner_record(2**22 + 7, 0.0)))
+    (reused / "owner.json").write_text(json.dumps(reaper.owner_record(me.pid, me.create_time() - 3600)))
+    (other / "owner.json").write_text(json.dumps(reaper.owner_record(2**22 + 7, 0.0)))
+    assert reaper.stale_workdirs(tmp_path) == [dead, reused]
