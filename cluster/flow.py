@@ -320,6 +320,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
     restore_threads: list[threading.Thread] = []
     fault_threads: list[threading.Thread] = []
     stopping = threading.Event()   # tells a pending delayed restore not to start once we tear down
+    completed = False
     with _signals_raise_interrupt():
         try:
             backend.up()
@@ -386,6 +387,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
             message = last.message if not last.succeeded else ""
             if last.exit_code == EXIT_BAD_INPUT:
                 message = f"bad input: {last.message}"
+            completed = True
             return FlowResult(job=job.name, succeeded=last.succeeded, exit_code=last.exit_code,
                               attempts=attempts, summary=last.summary, metrics=last.metrics,
                               reclaimed=reclaimed, storage=storage, message=message)
@@ -397,7 +399,13 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 t.join(timeout=60)
             if not opts.keep_up:
                 with _ignore_interrupts():
-                    backend.down()
+                    try:
+                        backend.down()
+                    except Exception as e:
+                        if completed:
+                            raise
+                        # Already failing: report the teardown problem, keep the original error.
+                        out(f"teardown after the failure also failed: {e}")
 
 
 @contextlib.contextmanager

@@ -184,3 +184,20 @@ def test_one_reclaim_per_run_and_the_resubmit_waits_for_it(object_store, dataset
         "restore host-1",                   # the replacement node, before the resume
         "submit ['host-0', 'host-1']",      # the second attempt does not reclaim again
     ]
+
+
+def test_a_failing_teardown_does_not_hide_the_original_error(object_store, dataset_bucket):
+    class DownFails(ScriptedBackend):
+        def down(self):
+            super().down()
+            raise BackendError("destroy failed")
+
+    out: list[str] = []
+    b = DownFails(object_store, dataset_bucket, [], fail_on="submit")
+    with pytest.raises(BackendError, match="no capacity"):
+        run_job(b, JOB, OPTS, out=out.append)
+    assert b.downs == 1 and any("destroy failed" in line for line in out)
+    # After a successful run the teardown error is the error.
+    b = DownFails(object_store, dataset_bucket, [(0, {"steps": 10})])
+    with pytest.raises(BackendError, match="destroy failed"):
+        run_job(b, JOB, OPTS, out=out.append)
