@@ -67,9 +67,11 @@ def _stall(s: dict) -> list[str]:
 
 
 def _recovery(s: dict) -> list[str]:
-    return [f"  SIGTERM -> training resumed: {s['sigterm_to_resumed_s']:.1f} s; steps of work lost: "
-            f"{s['steps_lost']} (interrupted at step {s['interrupted_at_step']}, resumed from "
-            f"{s['resumed_from_step']}); network namespaces: {s['network_namespaces']}"]
+    resub = s.get("sigterm_to_resubmitted_s")
+    resub_text = f" (job resubmitted after {resub:.1f} s)" if resub is not None else ""
+    return [f"  SIGTERM -> training resumed: {s['sigterm_to_resumed_s']:.1f} s{resub_text}; "
+            f"steps of work lost: {s['steps_lost']} (interrupted at step {s['interrupted_at_step']}, "
+            f"resumed from {s['resumed_from_step']}); network namespaces: {s['network_namespaces']}"]
 
 
 def _plan(s: dict) -> list[str]:

@@ -58,12 +58,13 @@ def test_checkpoints_in_window_skips_the_last_step_and_the_warmup():
 
 def test_recovery_figures():
     events = [(1000.0, "attempt 1: submitted"), (1010.0, "fault injection: reclaiming host-1 (...)"),
-              (1030.0, "attempt 2: submitted")]
+              (1030.0, "attempt 2: submitted bench on host-0, host-1")]
     first = {"steps": 73, "checkpoints_written": 2}
     second = {"resumed_from_step": 73}
     metrics = [{"step": 75, "time": 1041.0}, {"step": 74, "time": 1040.5}, {"step": 73, "time": 999.0}]
     got = recovery_figures(events, first, second, metrics)
     assert got["sigterm_to_resumed_s"] == pytest.approx(30.5)
+    assert got["sigterm_to_resubmitted_s"] == pytest.approx(20.0)
     assert got["first_resumed_step"] == 74
     assert got["steps_lost"] == 0 and got["interrupted_at_step"] == 73
     # Resumed from an older checkpoint: the steps in between are lost work.
