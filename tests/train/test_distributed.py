@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cluster.local.objectstore import LOCAL_CREDENTIALS
-from tests.train.conftest import (
+from tests.train.proc import (
     VENV_BIN,
     finish,
     horovodrun_cmd,

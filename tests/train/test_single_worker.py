@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cluster.local.objectstore import LOCAL_CREDENTIALS
-from tests.train.conftest import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
+from tests.train.proc import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
 from train import checkpoint as ckpt
 from train.metrics import parse_summary
 from train.storage import open_store
