@@ -105,3 +105,17 @@ def test_summary_line_round_trips_and_requires_every_key():
         summary_line({"steps": 1})
     with pytest.raises(ValueError, match="exactly one"):
         parse_summary(f"{line}\n{line}")
+
+
+def test_fusion_threshold_and_cycle_time_reach_horovods_environment(monkeypatch):
+    from train.trainer import configure_horovod_env
+
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    configure_horovod_env(parse_args([]))
+    import os
+
+    assert "HOROVOD_FUSION_THRESHOLD" not in os.environ and "HOROVOD_CYCLE_TIME" not in os.environ
+    configure_horovod_env(parse_args(["--fusion-threshold-mb", "32", "--cycle-time-ms", "0.5"]))
+    assert os.environ["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert os.environ["HOROVOD_CYCLE_TIME"] == "0.5"
