@@ -138,3 +138,13 @@ def test_background_writer_serializes_uploads_and_reraises_errors(tmp_path):
     writer.submit(3, b"x")
     with pytest.raises(OSError, match="disk full"):
         writer.wait()
+
+
+def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):
+    out = tmp_path / "ds"
+    assert data_mod.main(["generate", "--out", str(out), "--shards", "2", "--samples-per-shard", "16"]) == 0
+    assert "wrote 32 samples in 2 shards" in capsys.readouterr().out
+    assert json.loads((out / "index.json").read_text())["samples"] == 32
+    assert data_mod.main(["generate", "--out", str(tmp_path / "x"), "--shards", "0"]) == 2
+    assert "--shards 0 --samples-per-shard 1024: both must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # nothing half-created
