@@ -224,8 +224,8 @@ class Trainer:
         return (self.dataset.x.index_select(0, idx).to(self.device, non_blocking=True),
                 self.dataset.y.index_select(0, idx).to(self.device, non_blocking=True))
 
-    def train_step(self, progress) -> bool:
-        """One optimizer step. Returns True when some rank asked to stop (all ranks get the same answer)."""
+    def train_step(self, progress) -> float:
+        """One optimizer step. Returns the fraction of ranks asked to stop (the same on every rank)."""
         cfg, hvd, opt = self.cfg, self.hvd, self.optimizer
         lr = lr_at(progress.step, cfg, hvd.size(), hvd.local_size(), self.on_gpu)
         for group in opt.param_groups:
@@ -243,17 +243,19 @@ class Trainer:
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 loss = F.cross_entropy(self.model(x), y)
             scaled = loss / k if k > 1 else loss
-            objective = scaled + self.vote.sum() * self.stop_flag.sum() if self.vote_in_gradients else scaled
-            (self.scaler.scale(objective) if self.scaler is not None else objective).backward()
+            objective = self.scaler.scale(scaled) if self.scaler is not None else scaled
+            if self.vote_in_gradients:  # added after loss scaling: the vote's gradient is the bare flag
+                objective = objective + self.vote.sum() * self.stop_flag.sum()
+            objective.backward()
             step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
         # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then step
         # without a second synchronization.
         opt.synchronize()
         if self.vote_in_gradients:
-            stop = self.vote.grad.item() > 0
+            stop = self.vote.grad.item() / k  # each backward pass added the flag once
             self.vote.grad = None  # the optimizer leaves a parameter without a gradient (and its state) alone
         else:
-            stop = hvd.synchronize(vote).item() > 0
+            stop = hvd.synchronize(vote).item()
         if self.scaler is not None:
             self.scaler.unscale_(opt)
         if cfg.optim.clip_grad_norm is not None:
@@ -299,7 +301,8 @@ class Trainer:
         window_samples = 0
         interrupted = False
         while progress.step < cfg.steps:
-            stop = self.train_step(progress)
+            stopping = self.train_step(progress)
+            stop = stopping > 0
             if step_sleep:
                 time.sleep(step_sleep)
             window_samples += samples_per_step * hvd.size()
@@ -330,6 +333,19 @@ class Trainer:
                 t_window, window_samples = now, 0
                 if commit is not None:
                     commit()
+            if stop and cfg.horovod.elastic and stopping < 1 - 1e-6:
+                # Some workers were reclaimed, not the whole job: after a safety checkpoint they leave
+                # and the rest carry on (their next collective fails, they roll back to this commit).
+                if self.checkpoints is not None:
+                    self.save_checkpoint(progress, None)
+                    if self.writer is not None:
+                        self.writer.wait()
+                commit()
+                if self.stop.requested:
+                    print(f"ringtrain: rank {hvd.rank()} leaves the elastic job after SIGTERM at step "
+                          f"{progress.step}", file=sys.stderr, flush=True)
+                    return RunResult(EXIT_INTERRUPTED_RESUMABLE)
+                continue
             if stop:
                 interrupted = True
                 break
