@@ -4,6 +4,7 @@ read its steady-state throughput from its own metrics over a chosen step window.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import uuid
 from dataclasses import dataclass
@@ -47,10 +48,11 @@ class TrainerRun:
     checkpoint_every: int
     endpoint_url: str | None = None
     bucket: str | None = None
+    log_every: int = LOG_EVERY
 
     def __post_init__(self) -> None:
-        if self.shape.warmup % LOG_EVERY or self.shape.steps % LOG_EVERY:
-            raise ValueError(f"warmup and steps must be multiples of {LOG_EVERY} (the metrics cadence)")
+        if self.shape.warmup % self.log_every or self.shape.steps % self.log_every:
+            raise ValueError(f"warmup and steps must be multiples of {self.log_every} (the metrics cadence)")
         if self.checkpoint_every and not (self.endpoint_url and self.bucket):
             raise ValueError("checkpoints need the object store's endpoint and a bucket")
 
@@ -58,7 +60,7 @@ class TrainerRun:
         s, h = self.shape, self.settings
         args = ["--model", s.model, "--width", str(s.width), "--batch-size", str(s.batch_size),
                 "--steps", str(s.warmup + s.steps), "--data", "synthetic", "--compression", h.compression,
-                "--metrics-file", str(metrics_file), "--log-every", str(LOG_EVERY), "--no-progress"]
+                "--metrics-file", str(metrics_file), "--log-every", str(self.log_every), "--no-progress"]
         if h.cycle_time_ms is not None:
             args += ["--cycle-time-ms", f"{h.cycle_time_ms:g}"]
         if h.fusion_mb is not None:
@@ -101,4 +103,45 @@ class TrainerRun:
             "summary_samples_per_sec": summary["samples_per_sec"],
             "checkpoints_written": summary["checkpoints_written"],
             "run_id": run_id,
+            "records": records,
         }
+
+
+def step_durations(records: list[dict]) -> dict[int, float]:
+    """step -> seconds since the previous step, from per-step metrics records (--log-every 1)."""
+    times = {int(r["step"]): float(r["time"]) for r in records}
+    return {s: t - times[s - 1] for s, t in times.items() if s - 1 in times}
+
+
+def stall_estimate(runs: list[dict[int, float]], checkpoint_steps: list[int], every: int) -> dict:
+    """Training time lost per checkpoint, from per-step durations of runs that checkpoint every `every`
+    steps after each step in `checkpoint_steps`.
+
+    Position p (1..every) is the p-th step after a checkpoint. Its typical duration is the median over
+    all checkpoints of all runs (a burst of a neighbour's work hits one checkpoint, not the median).
+    The baseline step is the median over the last quarter of positions, the steps furthest from the
+    previous checkpoint; the loss is the sum of every position's excess over it. The first position
+    holds what runs on the training thread (the collective, the state snapshot, serialization); later
+    positions hold the background upload's competition for the CPU.
+    """
+    if every < 4:
+        raise ValueError(f"every={every}: need at least 4 steps between checkpoints to find a baseline")
+    by_position: dict[int, list[float]] = {p: [] for p in range(1, every + 1)}
+    for durations in runs:
+        for c in checkpoint_steps:
+            for p in by_position:
+                if c + p in durations:
+                    by_position[p].append(durations[c + p])
+    empty = [p for p, v in by_position.items() if not v]
+    if empty:
+        raise ValueError(f"no step durations at positions {empty} after checkpoints {checkpoint_steps}")
+    tail = [d for p, v in by_position.items() if p > every - every // 4 for d in v]
+    baseline = statistics.median(tail)
+    excess = {p: statistics.median(v) - baseline for p, v in by_position.items()}
+    return {
+        "baseline_step_s": baseline,
+        "first_step_excess_s": excess[1],
+        "lost_per_checkpoint_s": sum(excess.values()),
+        "excess_by_position_s": [excess[p] for p in sorted(excess)],
+        "checkpoints_measured": len(by_position[1]),
+    }

@@ -4,7 +4,7 @@ import pytest
 
 from bench.peer import HorovodSettings, LoopShape
 from bench.sections import checkpoints_in_window, recovery_figures
-from bench.trainer_run import TrainerRun, window_rate
+from bench.trainer_run import TrainerRun, stall_estimate, step_durations, window_rate
 
 
 def records(times):
@@ -78,3 +78,35 @@ def test_recovery_figures_need_a_reclaim_and_a_resume():
     with pytest.raises(ValueError, match="did not resume"):
         recovery_figures([(1.0, "fault injection: reclaiming h")], {"steps": 5},
                          {"resumed_from_step": None}, [])
+
+
+def test_step_durations_from_per_step_records():
+    assert step_durations(records({1: 10.0, 2: 10.5, 3: 11.5, 5: 12.0})) == {2: 0.5, 3: 1.0}
+
+
+def test_stall_estimate_sums_the_excess_after_each_checkpoint():
+    # 20 ms steps; after each checkpoint the first step takes +50 ms (snapshot, serialization) and the
+    # next two +10 ms each (the upload competing for the CPU).
+    def run(ckpts, noisy_ckpt=None):
+        d = {s: 0.02 for s in range(1, 101)}
+        for c in ckpts:
+            d[c + 1] += 0.05
+            d[c + 2] += 0.01
+            d[c + 3] += 0.01
+        if noisy_ckpt:
+            for p in range(1, 9):  # a neighbour's burst right after one checkpoint
+                d[noisy_ckpt + p] += 0.5
+        return d
+
+    est = stall_estimate([run([20, 40, 60]), run([20, 40, 60], noisy_ckpt=40)], [20, 40, 60], every=20)
+    assert est["baseline_step_s"] == pytest.approx(0.02)
+    assert est["first_step_excess_s"] == pytest.approx(0.05)
+    assert est["lost_per_checkpoint_s"] == pytest.approx(0.07)  # the burst at one checkpoint is not counted
+    assert est["checkpoints_measured"] == 6 and len(est["excess_by_position_s"]) == 20
+
+
+def test_stall_estimate_needs_room_after_each_checkpoint():
+    with pytest.raises(ValueError, match="positions"):
+        stall_estimate([{s: 0.02 for s in range(1, 30)}], [20], every=20)
+    with pytest.raises(ValueError, match="at least 4"):
+        stall_estimate([{}], [2], every=2)
