@@ -10,6 +10,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 from train.errors import BadInput
 
 MODELS = ("mlp", "cnn")
@@ -88,7 +89,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m train", description="Horovod ring-allreduce trainer.")
+    p = _Parser(
+        prog="python -m train",
+        description="Horovod ring-allreduce trainer. Rank 0 ends with one line `RINGTRAIN_SUMMARY {json}`.",
+        epilog=f"exit codes: 0 done; {EXIT_INTERRUPTED_RESUMABLE} stopped by SIGTERM after writing a "
+               f"checkpoint (resumable: run the same command again); {EXIT_BAD_INPUT} bad input (arguments, "
+               "dataset, endpoint, credentials), on every rank.",
+    )
     p.add_argument("--model", choices=MODELS, default="mlp")
     p.add_argument("--width", type=int, default=128, help="hidden units (mlp) or channels (cnn)")
     p.add_argument("--dropout", type=float, default=0.0)
