@@ -245,7 +245,7 @@ class Trainer:
             scaled = loss / k if k > 1 else loss
             objective = self.scaler.scale(scaled) if self.scaler is not None else scaled
             if self.vote_in_gradients:  # added after loss scaling: the vote's gradient is the bare flag
-                objective = objective + self.vote.sum() * self.stop_flag.sum()
+                objective = objective + (self.vote * self.stop_flag).sum()
             objective.backward()
             step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
         # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then step

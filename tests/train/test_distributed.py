@@ -81,9 +81,10 @@ def test_sigterm_on_one_worker_stops_all_and_resume_is_bitwise_exact(tmp_path, l
     out = finish(proc)
     s = parse_summary(out)
     assert s["interrupted"] is True and at <= s["steps"] < 60, s
-    # horovodrun itself reports failure; each worker's code is what marks the run resumable.
-    assert "exit with status code 75" in out
-    assert all(code == "75" for code in _worker_exit_codes(out)), out[-3000:]
+    # horovodrun itself exits 1; the first worker to exit reports 75, and horovodrun then terminates
+    # the others' shells (143) whether or not they had already finished: all are past the checkpoint.
+    codes = _worker_exit_codes(out)
+    assert "75" in codes and set(codes) <= {"75", "143"}, out[-3000:]
     assert latest_state(str(ck)).step == s["steps"]
 
     resumed = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(ck)))
@@ -138,7 +139,8 @@ def test_unreachable_endpoint_fails_every_rank_fast(tmp_path):
     assert r.returncode != 0
     assert r.stderr.count("train: error: cannot reach the S3 endpoint") == 1, r.stderr[-3000:]
     assert "]<stderr>:Traceback" not in r.stderr  # horovodrun's own traceback aside, no worker crashed
-    assert _worker_exit_codes(r.stdout) == ["2", "2"], r.stdout  # every rank, none hung
+    codes = _worker_exit_codes(r.stdout)  # both ranks ended, none hung (143: terminated by horovodrun
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "143"}, r.stdout  # after the first exit)
     assert "RINGTRAIN_SUMMARY" not in r.stdout
 
 
