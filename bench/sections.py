@@ -51,7 +51,8 @@ class Plan:
 
     repeats: int                     # peer study
     headline_repeats: int
-    shape: LoopShape                 # peer study and headline
+    study_shape: LoopShape           # peer study (shorter runs: nine contenders)
+    shape: LoopShape                 # headline (trainer, bare Horovod, DDP) and recovery
     study: tuple[str, ...]           # settings of STUDY to run
     checkpoint_every: int            # headline trainer run
     stall_widths: tuple[int, ...]    # mlp widths for the checkpoint-stall section
@@ -67,15 +68,16 @@ class Plan:
 
 
 FULL = Plan(
-    repeats=3, headline_repeats=5, shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY),
-    checkpoint_every=50,
+    repeats=3, headline_repeats=5, study_shape=LoopShape(steps=100, warmup=20, width=64),
+    shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
     stall_widths=(256, 1024, 2048), stall_shape=LoopShape(steps=125, warmup=25, model="mlp"),
-    stall_every=25, stall_repeats=3,
+    stall_every=25, stall_repeats=2,
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
 )
 QUICK = Plan(
-    repeats=1, headline_repeats=1, shape=LoopShape(steps=30, warmup=10, width=16),
+    repeats=1, headline_repeats=1, study_shape=LoopShape(steps=30, warmup=10, width=16),
+    shape=LoopShape(steps=30, warmup=10, width=16),
     study=("hvd-defaults", "hvd-threads1"), checkpoint_every=10,
     stall_widths=(256,), stall_shape=LoopShape(steps=24, warmup=8, model="mlp"), stall_every=8,
     stall_repeats=1,
@@ -86,8 +88,9 @@ QUICK = Plan(
 
 def study_section(plan: Plan, progress: Progress) -> dict:
     """Peer comparison and tuning study: bare Horovod under each setting vs bare DDP, interleaved."""
-    contenders = [ddp_contender(plan.shape, plan.timeout_s)]
-    contenders += [horovod_contender(name, STUDY[name], plan.shape, plan.timeout_s) for name in plan.study]
+    contenders = [ddp_contender(plan.study_shape, plan.timeout_s)]
+    contenders += [horovod_contender(name, STUDY[name], plan.study_shape, plan.timeout_s)
+                   for name in plan.study]
     comparison = run_comparison(contenders, "ddp", plan.repeats, progress=progress)
     ratios = {name: r["median"] for name, r in comparison["ratios"].items()}
     best = max(ratios, key=ratios.get)

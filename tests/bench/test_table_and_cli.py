@@ -60,10 +60,10 @@ def test_bad_arguments_are_one_message_and_exit_2(argv, message):
 
 
 @pytest.mark.slow
-def test_quick_peer_run_writes_valid_results(tmp_path):
+def test_quick_run_writes_valid_results(tmp_path):
     """Smoke: real Horovod and DDP workers, one short repeat; checks the document, not the speed."""
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--sections", "peer_study",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--sections", "peer_study,headline",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "quick.json").read_text())
     comp = doc["sections"]["peer_study"]["comparison"]
@@ -73,3 +73,9 @@ def test_quick_peer_run_writes_valid_results(tmp_path):
     assert comp["contenders"]["hvd-threads1"]["runs"][0]["torch_threads"] == 1
     assert set(comp["ratios"]) == {"hvd-defaults", "hvd-threads1"}
     assert "[peer_study]" in proc.stdout
+    # The real trainer ran with checkpoints to the local S3 store and its window was read from its metrics.
+    head = doc["sections"]["headline"]
+    assert head["status"] == "ok", head.get("reason")
+    trainer_run = head["comparison"]["contenders"]["trainer"]["runs"][0]
+    assert trainer_run["checkpoints_written"] >= 2 and trainer_run["samples_per_sec"] > 0
+    assert set(head["peer"]) == {"trainer", "bare-hvd"} and "trainer_vs_bare_hvd" in head["efficiency"]
