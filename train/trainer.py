@@ -417,7 +417,9 @@ def run(cfg: TrainConfig) -> int:
     hvd.init()
     trainer = Trainer(cfg, hvd, STOP)
     if cfg.horovod.elastic:
-        return _run_elastic(trainer, hvd)
+        from train.elastic import run_elastic
+
+        return run_elastic(trainer, hvd)
 
     error = None
     found = None
@@ -440,32 +442,3 @@ def run(cfg: TrainConfig) -> int:
         hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
     return trainer.loop(progress).exit_code
-
-
-def _run_elastic(trainer: Trainer, hvd) -> int:
-    """Under hvd.elastic: a lost worker's failure rolls every survivor back to the last commit and
-    training continues on the rest; a worker that (re)joins receives rank 0's state in state.sync()."""
-    found = trainer.prepare_inputs()  # per rank: a joining worker must not wait on collectives
-    trainer.build()
-    progress = Progress()
-    if found is not None:
-        trainer.apply_checkpoint(found.state, progress)
-    state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
-                                   epoch=progress.epoch, offset=progress.offset,
-                                   last_checkpoint_step=progress.last_checkpoint_step,
-                                   resumed_from_step=trainer.resumed_from_step)
-
-    def on_reset() -> None:
-        # Counted per process, not on the state: state.sync() restores the last commit.
-        trainer.elastic_resets += 1
-        print(f"ringtrain: elastic reset, now {hvd.size()} workers", file=sys.stderr, flush=True)
-
-    state.register_reset_callbacks([on_reset])
-
-    @hvd.elastic.run
-    def train(state):
-        trainer.resumed_from_step = state.resumed_from_step
-        return trainer.loop(state, commit=state.commit)
-
-    return train(state).exit_code
-

@@ -1,0 +1,43 @@
+"""Elastic mode (`--elastic`, horovodrun --min-np/--max-np --host-discovery-script).
+
+Workers may disappear (a spot node reclaimed: SIGKILL, or SIGTERM for a worker that leaves after a
+safety checkpoint) and appear (a replacement node listed by the discovery script). The trainer's loop
+is the same as in static mode; only the state that must agree across ranks after a reset lives on
+hvd.elastic.TorchState, and input checks run per rank, since a joining worker must not wait on
+collectives the others are not making.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from train.trainer import Progress, Trainer
+
+
+def run_elastic(trainer: Trainer, hvd) -> int:
+    """Under hvd.elastic: a lost worker's failure rolls every survivor back to the last commit and
+    training continues on the rest; a worker that (re)joins receives rank 0's state in state.sync()."""
+    found = trainer.prepare_inputs()  # per rank: a joining worker must not wait on collectives
+    trainer.build()
+    progress = Progress()
+    if found is not None:
+        trainer.apply_checkpoint(found.state, progress)
+    state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
+                                   epoch=progress.epoch, offset=progress.offset,
+                                   last_checkpoint_step=progress.last_checkpoint_step,
+                                   resumed_from_step=trainer.resumed_from_step)
+
+    def on_reset() -> None:
+        # Counted per process, not on the state: state.sync() restores the last commit.
+        trainer.elastic_resets += 1
+        print(f"ringtrain: elastic reset, now {hvd.size()} workers", file=sys.stderr, flush=True)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        trainer.resumed_from_step = state.resumed_from_step
+        return trainer.loop(state, commit=state.commit)
+
+    return train(state).exit_code
+
