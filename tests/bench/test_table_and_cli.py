@@ -79,3 +79,13 @@ def test_quick_run_writes_valid_results(tmp_path):
     trainer_run = head["comparison"]["contenders"]["trainer"]["runs"][0]
     assert trainer_run["checkpoints_written"] >= 2 and trainer_run["samples_per_sec"] > 0
     assert set(head["peer"]) == {"trainer", "bare-hvd"} and "trainer_vs_bare_hvd" in head["efficiency"]
+
+
+def test_readme_section_is_rendered_from_the_results(results):
+    from bench.report import markdown
+
+    text = markdown(results)
+    assert text.startswith("## Performance")
+    assert "`scripts/bench`" in text and "2 cores (Test CPU)" in text
+    assert "| hvd | 104 | 1.10× | 1.10, 1.10 |" in text and "| (DDP) | 95 | 1.00× | |" in text
+    assert "Not measured in this run: recovery (failed: the local cluster did not come up)" in text

@@ -1,0 +1,129 @@
+"""The README's Performance section, rendered from a results file (so no figure is typed by hand).
+
+    .venv/bin/python -m bench.report [bench/results/latest.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench.results import RESULTS_DIR
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}×"
+
+
+def markdown(r: dict) -> str:
+    m, v, s = r["machine"], r["versions"], r["sections"]
+    out = [
+        "## Performance",
+        "",
+        f"Measured with `{r['command']}` ({r['started_at']} to {r['finished_at']}) on {m['cores']} cores "
+        f"({m['cpu_model']}), Python {v['python']}, torch {v['torch']}, Horovod {v['horovod']}; "
+        f"raw samples in `bench/results/{r['name']}.json`. Every comparison runs its contenders "
+        "interleaved (rotated order, one run each per repeat) and reports the median of the per-repeat "
+        "ratios. The machine was shared with other work while this ran "
+        f"(load average {m['load_avg'][0]:.1f} at the start), so single samples swing widely: read the "
+        "ratios, and the per-repeat spread in the JSON.",
+        "",
+    ]
+    h = s.get("headline", {})
+    if h.get("status") == "ok":
+        c = h["comparison"]["contenders"]
+        cfg = c["trainer"]["config"]
+        e, p = h["efficiency"], h["peer"]
+        out += [
+            f"**Trainer efficiency and peer comparison** ({cfg['model']} width {cfg['width']}, batch "
+            f"{cfg['batch_size']} per worker, {cfg['workers']} workers, "
+            f"{h['comparison']['repeats']} repeats; "
+            f"{h['window']}; the trainer checkpoints every {cfg['checkpoint_every']} steps to the local S3 "
+            f"store ({cfg['checkpoints_in_window']} checkpoints inside the window) and writes its metrics "
+            "file; all run with one torch thread per worker):",
+            "",
+            "| contender | median samples/s | ratio | target |",
+            "|---|---:|---:|---|",
+            f"| trainer / bare Horovod loop | {c['trainer']['median']:.0f} / {c['bare-hvd']['median']:.0f} | "
+            f"{_x(e['trainer_vs_bare_hvd'])} | ≥ 0.97: {'met' if e['met'] else '**not met**'} |",
+            f"| trainer / torch DDP (Gloo) | {c['trainer']['median']:.0f} / {c['ddp']['median']:.0f} | "
+            f"{_x(p['trainer']['median'])} | ≥ 1.0: {'met' if p['trainer']['met'] else '**not met**'} |",
+            f"| bare Horovod / torch DDP | {c['bare-hvd']['median']:.0f} / {c['ddp']['median']:.0f} | "
+            f"{_x(p['bare-hvd']['median'])} | |",
+            "",
+        ]
+    st = s.get("peer_study", {})
+    if st.get("status") == "ok":
+        comp = st["comparison"]
+        shape = comp["contenders"]["ddp"]["config"]
+        out += [
+            f"**Horovod tuning study** (bare loops, {shape.get('steps', '?')} timed steps, "
+            f"{comp['repeats']} repeats; "
+            "each setting's ratio to DDP as torchrun starts it, one thread per worker):",
+            "",
+            "| Horovod setting | median samples/s | ratio to DDP | per repeat |",
+            "|---|---:|---:|---|",
+        ]
+        for name, cc in comp["contenders"].items():
+            if name == comp["baseline"]:
+                continue
+            rr = comp["ratios"][name]
+            out.append(f"| {name} | {cc['median']:.0f} | {_x(rr['median'])} | "
+                       f"{', '.join(f'{x:.2f}' for x in rr['per_repeat'])} |")
+        out += [f"| (DDP) | {comp['contenders']['ddp']['median']:.0f} | 1.00× | |", ""]
+    ck = s.get("checkpoint_stall", {})
+    if ck.get("status") == "ok":
+        out += [
+            f"**Checkpoint stall** (trainer, MLP of growing width, checkpoint every {ck['every']} steps "
+            f"to the local S3 store, {ck['repeats']} repeats; training time lost per checkpoint, "
+            "target below one step):",
+            "",
+            "| checkpoint | one step | first step after it | lost per checkpoint | in steps |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for z in ck["sizes"]:
+            out.append(f"| {z['checkpoint_bytes'] / 1e6:.1f} MB | {z['baseline_step_s'] * 1e3:.1f} ms | "
+                       f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
+                       f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} |")
+        out.append("")
+    rc = s.get("recovery", {})
+    if rc.get("status") == "ok":
+        out += [
+            f"**Recovery** (local cluster, {rc['job']['hosts']} hosts, one reclaimed spot-style at step "
+            f"{rc['job']['reclaim_at_step']}): SIGTERM to training resumed "
+            f"**{rc['sigterm_to_resumed_s']:.1f} s** (the flow resubmitted after "
+            f"{rc['sigterm_to_resubmitted_s']:.1f} s); steps of work lost: **{rc['steps_lost']}** "
+            f"(stopped at step {rc['interrupted_at_step']} after a SIGTERM checkpoint, resumed from "
+            f"{rc['resumed_from_step']}).",
+            "",
+        ]
+    pt = s.get("plan_time", {})
+    if pt.get("status") == "ok":
+        rows = [f"{name} {f['resources']} resources: cold {f['cold_wall_median_s']:.2f} s wall / "
+                f"{f['cold_cpu_median_s']:.2f} s CPU, warm {f['warm_median_s']:.2f} s"
+                for name, f in pt["figures"].get("stacks", {}).items()]
+        out += [f"**Plan time** (offline, under mocks): {'; '.join(rows)}.", ""]
+    failed = [f"{name} ({sec['status']}: {sec.get('reason', '')[:200]})" for name, sec in s.items()
+              if sec.get("status") != "ok"]
+    if failed:
+        out += ["Not measured in this run: " + "; ".join(failed), ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    p.add_argument("path", nargs="?", type=Path, default=RESULTS_DIR / "latest.json")
+    args = p.parse_args(argv)
+    try:
+        results = json.loads(args.path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"bench.report: cannot read {args.path}: {e}", file=sys.stderr)
+        return 2
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
