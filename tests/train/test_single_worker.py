@@ -87,15 +87,12 @@ def test_bad_input_is_one_message_and_exit_2(args, says):
     assert "Traceback" not in r.stderr and "RINGTRAIN_SUMMARY" not in r.stdout
 
 
-def test_tensorboard_event_files_or_a_clear_error(tmp_path):
+def test_tensorboard_event_files_are_written(tmp_path):
+    # tensorboard is a pinned dependency (pyproject.toml), so event files are always expected.
     r = run(train_cmd("--steps", "3", "--log-every", "1", "--tensorboard-dir", str(tmp_path / "tb")))
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        assert r.returncode == 2 and "--tensorboard-dir needs the 'tensorboard' package" in r.stderr
-        pytest.skip("tensorboard is not installed: checked the clear error instead of event files")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
 
 
 def test_checkpoint_holds_the_whole_state_and_must_fit_the_model(tmp_path):
