@@ -1,0 +1,14 @@
+"""Settings every committed stack file must carry, beyond what infra/config.py validates."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.offline import COMMITTED_STACKS, stack_config
+
+
+@pytest.mark.parametrize("stack", COMMITTED_STACKS)
+def test_kubernetes_strict_mode_is_on(stack):
+    # Without it, a Kubernetes resource that forgot the cluster provider silently targets whatever
+    # ~/.kube/config points at (FIELD_NOTES §7).
+    assert stack_config(stack).get("kubernetes:strictMode") == "true"
