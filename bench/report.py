@@ -61,7 +61,7 @@ def markdown(r: dict) -> str:
         out += [
             f"**Horovod tuning study** (bare loops, {shape.get('steps', '?')} timed steps, "
             f"{comp['repeats']} repeats; "
-            "each setting's ratio to DDP as torchrun starts it, one thread per worker):",
+            "each Horovod setting's ratio to DDP as torchrun starts it, i.e. one torch thread per worker):",
             "",
             "| Horovod setting | median samples/s | ratio to DDP | per repeat |",
             "|---|---:|---:|---|",
