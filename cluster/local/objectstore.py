@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import boto3
 from botocore.config import Config
 
+from cluster.local.procs import stop_popen_tree
+
 # Credentials the local store accepts (moto accepts any); exported to trainer processes so boto3
 # finds them the way it finds real ones.
 LOCAL_CREDENTIALS = {
@@ -89,14 +91,7 @@ class ObjectStore:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_popen_tree(proc, grace_s=10)
 
     def __enter__(self) -> ObjectStore:
         return self.start()
