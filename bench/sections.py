@@ -165,6 +165,8 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 "lost_in_steps": est["lost_per_checkpoint_s"] / est["baseline_step_s"],
                 "below_one_step": est["lost_per_checkpoint_s"] < est["baseline_step_s"],
                 "samples_per_sec": rates,
+                # raw samples: every run's per-step durations, as [step, seconds]
+                "step_durations_s": [[[k, round(d, 6)] for k, d in sorted(run.items())] for run in durations],
             })
     return {"status": "ok", "every": every, "measured_after_steps": measured, "store_nice": STORE_NICE,
             "repeats": plan.stall_repeats, "sizes": sizes,
