@@ -38,9 +38,10 @@ def object_store():
     from cluster.local.objectstore import ObjectStore
 
     with ObjectStore() as store:
-        proc = getattr(store, "_proc", None)
-        if proc is not None:
-            os.setpriority(os.PRIO_PROCESS, proc.pid, STORE_NICE)
+        proc = getattr(store, "_proc", None)  # ObjectStore keeps its server's Popen here
+        if proc is None:
+            raise BenchError("cannot find the object store's server process to lower its priority")
+        os.setpriority(os.PRIO_PROCESS, proc.pid, STORE_NICE)
         store.client().create_bucket(Bucket=STORE_BUCKET)
         yield store
 
