@@ -5,7 +5,8 @@
     entrypoint.py train [--selftest] [--] ARGS     optional self-test, then exec `python -m train ARGS`
     entrypoint.py launcher [--selftest] -- CMD     optional self-test, then exec CMD (the horovodrun
                                                    command cluster.launch renders) on the MPIJob launcher
-    entrypoint.py sshd                             MPIJob worker: host keys, then exec `sshd -D -e`
+    entrypoint.py sshd                             MPIJob worker: host keys, then run `sshd -D -e` as a
+                                                   child, forwarding SIGTERM to the trainer processes
 
 The self-test checks what a training run silently depends on: Horovod was built with what the image
 promises (`horovodrun --check-build`), the GPUs are visible, the EFA devices are visible and usable by
@@ -20,6 +21,15 @@ Environment (all optional):
     RINGTRAIN_SELFTEST_TIMEOUT   seconds each external check may take                        [180]
     RINGTRAIN_ENV_FILE           NCCL/EFA defaults applied where unset [/etc/ringtrain/nccl-efa.env]
     RINGTRAIN_SSH_DIR            where the MPI Operator mounts the job's keys (sshAuthMountPath) [/root/.ssh]
+    RINGTRAIN_STOP_GRACE_S       sshd mode: seconds the trainers get to checkpoint and exit after SIGTERM,
+                                 kept below the worker pod's terminationGracePeriodSeconds (120)   [100]
+
+Why sshd mode does not exec sshd: on a spot reclaim the kubelet sends SIGTERM to PID 1 of the worker
+pod only, then SIGKILL when the pod's grace period ends. The trainer ranks (`python -m train`, started
+by horovodrun over ssh) are sshd's grandchildren and would never hear it; their spot-safe path (stop
+at the next step, rank 0 checkpoints, exit 75) needs that SIGTERM. So PID 1 stays this script: it
+forwards SIGTERM to every trainer process, waits for them (bounded), then stops sshd, and reaps
+orphans meanwhile (PID 1's duty).
 
 Exit codes: 0 success, 1 self-test failed, 2 bad invocation or configuration (one message, no
 traceback). This file uses only the standard library, so it runs before anything else is known to work.
@@ -29,10 +39,12 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +59,13 @@ DEFAULT_HOST_KEY_DIR = Path("/etc/ssh")
 DEFAULT_SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 SSHD = "/usr/sbin/sshd"
 SSHD_RUN_DIR = Path("/run/sshd")              # sshd's privilege-separation directory
+PROC_ROOT = Path("/proc")
+# The trainers' time to reach a step boundary, checkpoint and exit once SIGTERM is forwarded. It must end
+# before the worker pod's terminationGracePeriodSeconds (cluster/aws/mpijob.py, 120 s: the spot notice),
+# leaving SSHD_STOP_S and some slack, or the kubelet's SIGKILL lands mid-checkpoint.
+DEFAULT_STOP_GRACE_S = 100.0
+SSHD_STOP_S = 5.0                             # sshd's time to exit after SIGTERM, then SIGKILL
+TRAINER_MODULE = "train"                      # `python -m train`, what horovodrun starts on workers
 
 # Where each name appears in `horovodrun --check-build` output (MPI and Gloo also appear as tensor
 # operations; what the image promises is the controllers).
@@ -129,6 +148,18 @@ def parse_settings(env: Mapping[str, str]) -> Settings:
         require=require,
         timeout_s=timeout_s,
     )
+
+
+def parse_stop_grace(env: Mapping[str, str]) -> float:
+    raw = env.get("RINGTRAIN_STOP_GRACE_S", f"{DEFAULT_STOP_GRACE_S:g}")
+    try:
+        grace_s = float(raw)
+    except ValueError:
+        grace_s = -1.0
+    if not 0 <= grace_s <= 3600:
+        raise UsageError(f"RINGTRAIN_STOP_GRACE_S={raw!r}: use seconds between 0 and 3600, below the pod's "
+                         "terminationGracePeriodSeconds")
+    return grace_s
 
 
 def parse_invocation(argv: Sequence[str], env: Mapping[str, str]) -> Invocation:
@@ -393,7 +424,7 @@ def handover_command(inv: Invocation, python: str = sys.executable, sshd: str = 
     if inv.mode == "launcher":
         return list(inv.args)
     if inv.mode == "sshd":
-        # -D: stay in the foreground as the container's process; -e: log to stderr (kubectl logs).
+        # -D: stay in the foreground (the entrypoint supervises it as a child); -e: log to stderr.
         return [sshd, "-D", "-e"]
     raise ValueError(f"mode {inv.mode!r} hands over to nothing")
 
@@ -422,6 +453,266 @@ def prepare_sshd(ssh_dir: Path, host_key_dir: Path, run_dir: Path, host: Host) -
     return done
 
 
+# --------------------------------------------------------------------------------------------------
+# sshd mode: sshd as a child, SIGTERM forwarded to the trainers (see the module docstring for why)
+
+
+def python_module(argv: Sequence[str]) -> str | None:
+    """The module a Python command line runs with -m (`python -u -m train`, `python3 -mtrain`), else None.
+
+    Reads the interpreter's options the way CPython does: short options may be clustered (`-um train`),
+    -W/-X take a value, -c or a script path means no module runs.
+    """
+    if not argv or not Path(argv[0]).name.startswith("python"):
+        return None
+    args = list(argv[1:])
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-" or not arg.startswith("-") or arg.startswith("--"):
+            return None  # a script, stdin, or a long option (none of which run -m)
+        for j, opt in enumerate(arg[1:], 1):
+            value = arg[j + 1:]
+            if opt == "c":
+                return None
+            if opt in ("m", "W", "X"):
+                if not value:
+                    i += 1
+                    if i >= len(args):
+                        return None
+                    value = args[i]
+                if opt == "m":
+                    return value
+                break
+        i += 1
+    return None
+
+
+def is_trainer_cmdline(argv: Sequence[str]) -> bool:
+    return python_module(argv) == TRAINER_MODULE
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    state: str                 # R, S, D, Z (zombie: exited, not reaped), ...
+    argv: tuple[str, ...]
+
+
+def read_processes(proc_root: Path = PROC_ROOT) -> dict[int, ProcInfo]:
+    """Every process in /proc (pid, parent, state, command line); ones that vanish while read are skipped."""
+    procs = {}
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'.
+        fields = stat[stat.rfind(")") + 1:].split()
+        if len(fields) < 2 or not fields[1].isdigit():
+            continue
+        argv = tuple(a.decode(errors="replace") for a in raw.split(b"\0")[:-1]) if raw else ()
+        procs[int(entry.name)] = ProcInfo(int(entry.name), int(fields[1]), fields[0], argv)
+    return procs
+
+
+def descends_from(pid: int, ancestor: int, procs: Mapping[int, ProcInfo]) -> bool:
+    seen = set()
+    while pid in procs and pid not in seen:
+        seen.add(pid)
+        pid = procs[pid].ppid
+        if pid == ancestor:
+            return True
+    return False
+
+
+def trainer_pids(
+    proc_root: Path = PROC_ROOT,
+    matcher: Callable[[Sequence[str]], bool] = is_trainer_cmdline,
+    under: int | None = None,
+) -> set[int]:
+    """Live (not zombie) processes whose command line the matcher accepts; with `under`, only that
+    process's descendants. As a pod's PID 1 the whole PID namespace is the container's, so all count."""
+    procs = read_processes(proc_root)
+    found = {p.pid for p in procs.values() if p.state != "Z" and matcher(p.argv)}
+    if under is not None:
+        found = {pid for pid in found if descends_from(pid, under, procs)}
+    return found
+
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants ours (as they would be for PID 1), so they are reaped and still counted
+    as our descendants: needed when something else is PID 1 (tini, tests). Best effort."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def exit_code(wait_status: int) -> int:
+    """A wait status as a shell reports it: the exit code, or 128 + N for death by signal N."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return 128 - code if code < 0 else code
+
+
+class SshdSupervisor:
+    """Runs sshd as a child; SIGTERM/SIGINT (or sshd exiting) stops the trainers first, then sshd.
+
+    One loop, woken by signals through a self-pipe (signal.set_wakeup_fd), so nothing is missed between
+    checks; every wake-up also reaps any exited child, orphans included (as PID 1 they all come to us).
+    """
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        env: Mapping[str, str],
+        stop_grace_s: float,
+        *,
+        proc_root: Path = PROC_ROOT,
+        matcher: Callable[[Sequence[str]], bool] = is_trainer_cmdline,
+        sshd_stop_s: float = SSHD_STOP_S,
+        emit: Callable[[str], None] = lambda s: print(s, flush=True),
+    ) -> None:
+        self.cmd = list(cmd)
+        self.env = dict(env)
+        self.stop_grace_s = stop_grace_s
+        self.proc_root = proc_root
+        self.matcher = matcher
+        self.sshd_stop_s = sshd_stop_s
+        self.emit = emit
+        self.stop_signal: int | None = None
+        self.sshd_pid = 0
+        self.sshd_status: int | None = None   # wait status once reaped
+        self._wake_r = -1
+
+    # -- signals and children
+
+    def _on_stop(self, signum: int, frame) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.sshd_pid:
+                self.sshd_status = status
+
+    def _sleep(self, timeout_s: float) -> None:
+        """Until a signal arrives (SIGCHLD included) or timeout_s passes."""
+        ready, _, _ = select.select([self._wake_r], [], [], max(timeout_s, 0.0))
+        if ready:
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        self._reap()
+
+    # -- the run
+
+    def run(self) -> int:
+        if os.getpid() != 1:
+            become_subreaper()
+        wake_r, wake_w = os.pipe()
+        for fd in (wake_r, wake_w):
+            os.set_blocking(fd, False)
+        self._wake_r = wake_r
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        # Handlers before sshd starts: a SIGTERM from then on is never lost (PID 1 ignores unhandled ones).
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the loop
+        try:
+            return self._run()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _run(self) -> int:
+        try:
+            proc = subprocess.Popen(self.cmd, env=self.env)
+        except OSError as e:
+            print(f"entrypoint: error: cannot run {self.cmd[0]}: {e.strerror}", file=sys.stderr, flush=True)
+            return 127
+        self.sshd_pid = proc.pid
+        try:
+            while self.stop_signal is None and self.sshd_status is None:
+                self._sleep(60.0)
+            if self.stop_signal is not None:
+                name = signal.Signals(self.stop_signal).name
+                self.emit(f"entrypoint: {name}: stopping the trainers, then sshd")
+                own_exit = None
+            else:
+                own_exit = exit_code(self.sshd_status)
+                self.emit(f"entrypoint: sshd exited by itself ({own_exit}); stopping the trainers")
+            self.stop_trainers()
+            self.stop_sshd()
+            return EXIT_OK if own_exit is None else own_exit
+        finally:
+            proc.returncode = exit_code(self.sshd_status) if self.sshd_status is not None else -1
+
+    def stop_trainers(self) -> None:
+        """SIGTERM to each trainer process (and any that start meanwhile); wait, bounded, for all to exit."""
+        under = None if os.getpid() == 1 else os.getpid()
+        start = time.monotonic()
+        deadline = start + self.stop_grace_s
+        signalled: set[int] = set()
+        while True:
+            pids = trainer_pids(self.proc_root, self.matcher, under)
+            for pid in sorted(pids - signalled):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+                signalled.add(pid)
+            if not pids:
+                if signalled:
+                    self.emit(f"entrypoint: {len(signalled)} trainer processes exited after "
+                              f"{time.monotonic() - start:.1f} s")
+                else:
+                    self.emit("entrypoint: no trainer processes running")
+                return
+            if time.monotonic() >= deadline:
+                self.emit(f"entrypoint: warning: trainer processes {sorted(pids)} still running after "
+                          f"{self.stop_grace_s:g} s (RINGTRAIN_STOP_GRACE_S); stopping sshd anyway")
+                return
+            self._sleep(min(0.2, deadline - time.monotonic()))
+
+    def stop_sshd(self) -> None:
+        if self.sshd_status is None:  # not reaped yet, so the pid is still sshd's (running or a zombie)
+            os.kill(self.sshd_pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.sshd_stop_s
+        while self.sshd_status is None and time.monotonic() < deadline:
+            self._sleep(min(0.2, deadline - time.monotonic()))
+        if self.sshd_status is None:
+            self.emit(f"entrypoint: sshd did not exit within {self.sshd_stop_s:g} s; killing it")
+            os.kill(self.sshd_pid, signal.SIGKILL)
+            _, self.sshd_status = os.waitpid(self.sshd_pid, 0)
+        self._reap()
+
+
+def supervise_sshd(cmd: Sequence[str], env: Mapping[str, str], stop_grace_s: float) -> int:
+    return SshdSupervisor(cmd, env, stop_grace_s).run()
+
+
 def allreduce_worker(device: str) -> int:
     """One rank of the self-test's allreduce: rank r contributes r+1; every rank must see the sum."""
     import horovod.torch as hvd
@@ -445,6 +736,7 @@ def main(
     env: MutableMapping[str, str] | None = None,
     exec_fn: Callable[[list[str], Mapping[str, str]], None] | None = None,
     host: Host | None = None,
+    supervise_fn: Callable[[list[str], Mapping[str, str], float], int] | None = None,
 ) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
@@ -461,6 +753,7 @@ def main(
         settings = parse_settings(env)
         host = host or Host(env=env)
         if inv.mode == "sshd":
+            stop_grace_s = parse_stop_grace(env)
             ssh_dir = Path(env.get("RINGTRAIN_SSH_DIR", str(DEFAULT_SSH_DIR)))
             for note in prepare_sshd(ssh_dir, DEFAULT_HOST_KEY_DIR, SSHD_RUN_DIR, host):
                 print(f"entrypoint: {note}", flush=True)
@@ -468,12 +761,15 @@ def main(
             return EXIT_SELFTEST_FAILED
         if inv.mode == "selftest":
             return EXIT_OK
-        cmd = handover_command(inv, python=host.python)
+        cmd = handover_command(inv, python=host.python, sshd=SSHD)
     except UsageError as e:
         print(f"entrypoint: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     sys.stdout.flush()
     sys.stderr.flush()
+    if inv.mode == "sshd":
+        # Not exec: this process must stay PID 1 to hear the pod's SIGTERM and pass it to the trainers.
+        return (supervise_fn or supervise_sshd)(cmd, env, stop_grace_s)
     (exec_fn or _exec)(cmd, env)
     return EXIT_OK  # only reached with a non-exec exec_fn (tests)
 

@@ -9,7 +9,8 @@ Shape (FIELD_NOTES §1, §5, §6):
   operator's /etc/mpi/discover_hosts.sh, which lists the running workers;
 - one worker per GPU node (`entrypoint.py sshd`; horovodrun reaches it over ssh) requesting the
   node's GPUs and, on EFA groups, all its EFA interfaces, 2 MiB hugepages and a memory-backed
-  /dev/shm as the AWS reference jobs do, tolerating the GPU taint;
+  /dev/shm as the AWS reference jobs do, tolerating the GPU taint, with a termination grace period
+  that fits a checkpoint (the entrypoint forwards the pod's SIGTERM to the trainer ranks);
 - both pods run as the stack's training service account, whose IAM role (EKS Pod Identity) gives
   them S3 access: no credentials travel in the manifest.
 """
@@ -34,6 +35,15 @@ SSH_AUTH_MOUNT_PATH = "/root/.ssh"
 # Modes of the image's ENTRYPOINT (image/entrypoint.py); pods set `args`, so the entrypoint stays.
 LAUNCHER_ARGS = ("launcher", "--")
 WORKER_ARGS = ("sshd",)
+# A spot reclaim drains the worker's node: the kubelet sends SIGTERM to the pod's PID 1 (the image
+# entrypoint, which forwards it to the trainer ranks) and SIGKILL when this grace period ends. The ranks
+# need it to reach a step boundary and let rank 0 write a checkpoint; the instance itself goes two
+# minutes after the interruption notice, so longer buys nothing. The entrypoint waits at most
+# RINGTRAIN_STOP_GRACE_S (100 s by default) for the trainers, then up to 5 s for sshd: both must fit
+# inside this, with slack, or the SIGKILL lands mid-checkpoint.
+WORKER_TERMINATION_GRACE_S = 120
+STOP_GRACE_ENV = "RINGTRAIN_STOP_GRACE_S"
+STOP_GRACE_MARGIN_S = 10      # the entrypoint's time to stop sshd after the trainers, plus slack
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 # AWS reference jobs (awsome-distributed-training, p5 examples) request this with EFA.
@@ -153,6 +163,23 @@ def _env(job: JobSpec, storage: Storage) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in sorted(env.items())]
 
 
+def check_stop_grace(env: list[dict[str, str]]) -> None:
+    """A RINGTRAIN_STOP_GRACE_S the job sets must leave the entrypoint time to finish before the SIGKILL."""
+    limit = WORKER_TERMINATION_GRACE_S - STOP_GRACE_MARGIN_S
+    for item in env:
+        if item["name"] != STOP_GRACE_ENV:
+            continue
+        try:
+            value = float(item["value"])
+        except ValueError:
+            value = -1.0
+        if not 0 <= value <= limit:
+            raise MPIJobError(
+                f"{STOP_GRACE_ENV}={item['value']!r}: allowed are 0..{limit} seconds (the worker pod's "
+                f"terminationGracePeriodSeconds is {WORKER_TERMINATION_GRACE_S}, the spot notice)"
+            )
+
+
 def _labels(job: JobSpec, role: str) -> dict[str, str]:
     return {JOB_LABEL: job.name, ROLE_LABEL: role}
 
@@ -186,6 +213,7 @@ def render_mpijob(
         raise MPIJobError(f"image {image!r}: expected <repository>:<tag>")
     job = with_storage_args(job, storage)
     env = _env(job, storage)
+    check_stop_grace(env)
 
     launcher_pod = {
         "metadata": {"labels": _labels(job, "launcher")},
@@ -228,10 +256,13 @@ def render_mpijob(
                 }]},
             },
             "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+            # Time for the trainers to checkpoint on a spot reclaim (see WORKER_TERMINATION_GRACE_S).
+            "terminationGracePeriodSeconds": WORKER_TERMINATION_GRACE_S,
             "containers": [{
                 "name": "worker",
                 "image": image,
-                # Host keys, then sshd in the foreground: horovodrun reaches the workers over ssh.
+                # Host keys, then sshd as the entrypoint's child: horovodrun reaches the workers over ssh,
+                # and the entrypoint stays PID 1 to forward the pod's SIGTERM to the trainers.
                 "args": list(WORKER_ARGS),
                 **({"env": env} if env else {}),
                 "resources": resources,

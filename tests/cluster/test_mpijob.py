@@ -277,3 +277,43 @@ def launch_args(job):
     from cluster.aws.mpijob import launcher_command, with_storage_args
 
     return launcher_command(with_storage_args(job, STORAGE), NS)
+
+
+@functools.cache
+def image_entrypoint():
+    import importlib.util
+
+    path = REPO_ROOT / "image" / "entrypoint.py"
+    spec = importlib.util.spec_from_file_location("ringtrain_entrypoint_for_grace", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("job,workers", [(STATIC, P5), (ELASTIC, G5_SPOT)], ids=["static", "elastic-spot"])
+def test_worker_grace_period_outlasts_the_entrypoints_stop(job, workers):
+    """On a reclaim the kubelet SIGKILLs the worker when terminationGracePeriodSeconds ends: the entrypoint
+    must have stopped the trainers (its grace) and sshd within it, or the checkpoint is cut short."""
+    from cluster.aws.mpijob import STOP_GRACE_MARGIN_S, WORKER_TERMINATION_GRACE_S
+
+    entrypoint = image_entrypoint()
+    replicas = render(job, workers)["spec"]["mpiReplicaSpecs"]
+    worker = replicas["Worker"]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] == WORKER_TERMINATION_GRACE_S == 120  # the spot notice
+    default_grace = entrypoint.parse_stop_grace({})
+    assert default_grace + entrypoint.SSHD_STOP_S < WORKER_TERMINATION_GRACE_S - 5
+    assert entrypoint.SSHD_STOP_S < STOP_GRACE_MARGIN_S
+    # The launcher is not on spot capacity and stops with horovodrun: the default grace serves it.
+    assert "terminationGracePeriodSeconds" not in replicas["Launcher"]["template"]["spec"]
+
+
+def test_a_stop_grace_the_job_sets_must_fit_the_pods_grace_period():
+    ok = JobSpec(name="j5", num_hosts=1, env={"RINGTRAIN_STOP_GRACE_S": "110"})
+    container = render(ok)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert {"name": "RINGTRAIN_STOP_GRACE_S", "value": "110"} in container["env"]
+    for bad in ("111", "600", "soon", "-1"):
+        job = JobSpec(name="j5", num_hosts=1, env={"RINGTRAIN_STOP_GRACE_S": bad})
+        message = rf"RINGTRAIN_STOP_GRACE_S='{bad}': allowed are 0\.\.110 seconds"
+        with pytest.raises(MPIJobError, match=message):
+            render(job)

@@ -290,7 +290,7 @@ def test_bad_configuration_exits_2_with_one_line(tmp_path, capsys):
         "entrypoint: error: RINGTRAIN_EXPECT_EFA='lots': use 'auto' or a whole number (0 skips the check)"]
 
 
-def test_sshd_mode_checks_mounted_keys_makes_host_keys_then_execs_sshd(tmp_path, monkeypatch, capsys):
+def test_sshd_mode_checks_mounted_keys_makes_host_keys_then_supervises_sshd(tmp_path, monkeypatch, capsys):
     ssh_dir, key_dir, run_dir = tmp_path / "ssh", tmp_path / "etc-ssh", tmp_path / "run-sshd"
     ssh_dir.mkdir()
     key_dir.mkdir()
@@ -302,16 +302,24 @@ def test_sshd_mode_checks_mounted_keys_makes_host_keys_then_execs_sshd(tmp_path,
     """)
     monkeypatch.setattr(ep, "DEFAULT_HOST_KEY_DIR", key_dir)
     monkeypatch.setattr(ep, "SSHD_RUN_DIR", run_dir)
-    execs = []
+    execs, supervised = [], []
     env = {"RINGTRAIN_SSH_DIR": str(ssh_dir)}
 
-    rc = ep.main(["sshd"], env=env, exec_fn=lambda cmd, e: execs.append(cmd), host=host)
-    assert rc == ep.EXIT_USAGE and execs == []
+    def supervise(cmd, e, grace_s):
+        supervised.append((cmd, grace_s))
+        return 0
+
+    def run_main():
+        return ep.main(["sshd"], env=env, exec_fn=lambda cmd, e: execs.append(cmd), host=host,
+                       supervise_fn=supervise)
+
+    assert run_main() == ep.EXIT_USAGE and supervised == []
     assert "no authorized_keys in" in capsys.readouterr().err
 
     (ssh_dir / "authorized_keys").write_text("ssh-rsa AAAA launcher\n")
-    assert ep.main(["sshd"], env=env, exec_fn=lambda cmd, e: execs.append(cmd), host=host) == 0
-    assert execs == [["/usr/sbin/sshd", "-D", "-e"]]
+    assert run_main() == 0
+    # sshd runs as a child of the entrypoint (which stays PID 1 to forward SIGTERM), never exec'd.
+    assert execs == [] and supervised == [(["/usr/sbin/sshd", "-D", "-e"], ep.DEFAULT_STOP_GRACE_S)]
     assert "generated host keys" in capsys.readouterr().out
     assert (key_dir / "ssh_host_ed25519_key").exists() and run_dir.is_dir()
     # Keys exist now: the next start does not regenerate them.
