@@ -140,7 +140,7 @@ sys.exit(1)
 # The sshd stand-in: starts the trainers (as sshd's sessions would) and a bystander that is no trainer,
 # reports how the trainers ended and when its own SIGTERM came. Other behaviours by FAKE_SSHD.
 FAKE_SSHD = """
-import os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 out, mode = Path(os.environ["FAKE_OUT"]), os.environ["FAKE_SSHD"]
@@ -158,9 +158,11 @@ if mode == "orphan":
     subprocess.run([sys.executable, "-c", leave, os.environ["FAKE_ORPHAN"]], check=True)
 else:
     pkg = os.environ["FAKE_TRAINER_DIR"]
+    cmd = json.loads(os.environ.get("FAKE_TRAINER_CMD", "null")) or [sys.executable, "-m", "train"]
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    trainers = [subprocess.Popen([sys.executable, "-m", "train"], cwd=pkg)
-                for _ in range(int(os.environ["FAKE_TRAINERS"]))]
+    trainers = [subprocess.Popen(cmd, cwd=pkg) for _ in range(int(os.environ["FAKE_TRAINERS"]))]
+    for t in trainers:
+        (out / f"spawned.{t.pid}").write_text("")
     done_at = None
     while True:
         rcs = [t.poll() for t in trainers]
@@ -207,14 +209,16 @@ class Pod:
     """One worker container's worth of processes, set up in tmp_path."""
 
     def __init__(self, tmp_path: Path, sshd_mode: str = "trainers", trainer: str = "obey", trainers: int = 2,
-                 grace_s: float = 20, sshd_path: Path | None = None):
+                 grace_s: float = 20, sshd_path: Path | None = None, env: dict[str, str] | None = None,
+                 trainer_dir: Path | None = None):
         self.out = tmp_path / "out"
         self.out.mkdir()
         pkg = tmp_path / "fake-trainer" / "train"
         pkg.mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
         (pkg / "__main__.py").write_text(FAKE_TRAINER)
-        self.trainer_dir = pkg.parent
+        self.fake_trainer_dir = pkg.parent
+        self.trainer_dir = trainer_dir or pkg.parent
         (tmp_path / "orphan.py").write_text(ORPHAN)
         ssh_dir, keys = tmp_path / "ssh", tmp_path / "etc-ssh"
         ssh_dir.mkdir()
@@ -230,8 +234,8 @@ class Pod:
             "RINGTRAIN_SSH_DIR": str(ssh_dir), "RINGTRAIN_STOP_GRACE_S": str(grace_s),
             "RINGTRAIN_ENV_FILE": str(tmp_path / "no-env-file"),
             "FAKE_OUT": str(self.out), "FAKE_SSHD": sshd_mode, "FAKE_TRAINER": trainer,
-            "FAKE_TRAINERS": str(trainers), "FAKE_TRAINER_DIR": str(pkg.parent),
-            "FAKE_ORPHAN": str(tmp_path / "orphan.py"),
+            "FAKE_TRAINERS": str(trainers), "FAKE_TRAINER_DIR": str(self.trainer_dir),
+            "FAKE_ORPHAN": str(tmp_path / "orphan.py"), **(env or {}),
         }
         self.proc: subprocess.Popen | None = None
         self.log = tmp_path / "entrypoint.log"
@@ -287,9 +291,10 @@ class Pod:
         if self.namespaced:
             return
         sshd = self.out / "sshd.pid"
-        for pid in self.trainer_pids() + ([int(sshd.read_text())] if sshd.exists() else []):
+        spawned = [int(p.name.split(".")[1]) for p in self.out.glob("spawned.*")]
+        for pid in spawned + ([int(sshd.read_text())] if sshd.exists() else []):
             try:
-                if os.readlink(f"/proc/{pid}/cwd") == str(self.trainer_dir) or \
+                if os.readlink(f"/proc/{pid}/cwd") == str(self.fake_trainer_dir) or \
                         str(self.out.parent) in Path(f"/proc/{pid}/cmdline").read_text():
                     os.kill(pid, signal.SIGKILL)
             except (FileNotFoundError, ProcessLookupError):
@@ -428,3 +433,37 @@ def test_the_stand_ins_command_lines_are_what_the_matcher_looks_for():
     would prove nothing about the matcher)."""
     assert ep.is_trainer_cmdline([sys.executable, "-m", "train"])
     assert not ep.is_trainer_cmdline([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+@pytest.mark.slow
+def test_the_real_trainer_checkpoints_and_exits_75_when_the_pod_is_told_to_stop(tmp_path, pods):
+    """The whole chain with the real `python -m train` (one rank) under the fake sshd: SIGTERM to the
+    entrypoint -> the trainer stops at a step boundary, writes its checkpoint, exits 75 -> sshd stops."""
+    import json
+
+    from tests.image.helpers import REPO_ROOT
+    from train import checkpoint as ckpt
+    from train import data as data_mod
+    from train.metrics import parse_summary
+    from train.storage import open_store
+
+    data_mod.generate(str(tmp_path / "data"), shards=1, samples_per_shard=256, seed=3)
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "train", "--no-progress", "--data", str(tmp_path / "data"),
+           "--steps", "2000", "--log-every", "1", "--checkpoint-dir", str(ck), "--metrics-file", str(metrics)]
+    pod = pods(tmp_path, trainers=1, trainer_dir=REPO_ROOT, env={
+        "FAKE_TRAINER_CMD": json.dumps(cmd), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1", "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.02"})
+    proc = pod.start()
+    pod.wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, "3 training steps",
+                 timeout_s=120)
+    proc.send_signal(signal.SIGTERM)
+    rc, took = pod.finish(timeout_s=60)
+    out = pod.output()
+    assert rc == 0, out[-3000:]
+    assert pod.result("trainers")["rcs"] == [75], out[-3000:]
+    summary = parse_summary(out)
+    assert summary["interrupted"] is True and 3 <= summary["steps"] < 2000
+    assert summary["checkpoints_written"] == 1
+    assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [summary["steps"]]
+    assert "entrypoint: 1 trainer processes exited after" in out
