@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "schema_version": results_mod.SCHEMA_VERSION,
         "name": args.name,
-        "command": "scripts/bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": f"scripts/bench {shlex.join(argv if argv is not None else sys.argv[1:])}".strip(),
         "quick": args.quick,
         "started_at": _now(),
         "finished_at": "",
