@@ -125,8 +125,8 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
 def test_background_writer_serializes_uploads_and_reraises_errors(tmp_path):
     checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=5)
     writer = ckpt.BackgroundWriter(checkpoints)
-    writer.submit(1, ckpt.serialize(_state(1)))
-    writer.submit(2, ckpt.serialize(_state(2)))
+    writer.submit(1, _state(1))
+    writer.submit(2, _state(2))
     writer.wait()
     assert writer.written == 2 and checkpoints.valid_steps() == [1, 2]
 
@@ -135,9 +135,29 @@ def test_background_writer_serializes_uploads_and_reraises_errors(tmp_path):
             raise OSError("disk full")
 
     writer = ckpt.BackgroundWriter(Broken(checkpoints.store, keep=1))
-    writer.submit(3, b"x")
+    writer.submit(3, _state(3))
     with pytest.raises(OSError, match="disk full"):
         writer.wait()
+
+
+def test_snapshot_is_independent_of_the_live_state_and_the_writer_runs_niced(tmp_path, monkeypatch):
+    live = {"w": torch.zeros(3), "nested": {"m": torch.ones(2)}}
+    snap = ckpt.snapshot(live)
+    live["w"].add_(5)            # training goes on in place, as optimizer.step() does
+    live["nested"]["m"].mul_(0)
+    assert torch.equal(snap["w"], torch.zeros(3)) and torch.equal(snap["nested"]["m"], torch.ones(2))
+
+    niced = []
+    monkeypatch.setattr(ckpt.os, "setpriority", lambda which, who, prio: niced.append((which, who, prio)))
+    checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=2)
+    writer = ckpt.BackgroundWriter(checkpoints)
+    writer.submit(7, snap)
+    writer.wait()
+    found = checkpoints.latest_valid()
+    assert found.step == 7 and torch.equal(found.state["w"], torch.zeros(3))
+    # The writer thread lowered its own priority (its native thread id, not the whole process).
+    assert len(niced) == 1 and niced[0][0] == ckpt.os.PRIO_PROCESS and niced[0][2] == 19
+    assert niced[0][1] != 0 and niced[0][1] != ckpt.os.getpid()
 
 
 def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):

@@ -11,7 +11,7 @@ from train.config import parse_args
 from train.data import ShardedSampler
 from train.errors import BadInput
 from train.metrics import SUMMARY_KEYS, parse_summary, summary_line
-from train.trainer import lr_at
+from train.trainer import cpu_threads_per_worker, lr_at
 
 
 def test_defaults_parse():
@@ -119,3 +119,11 @@ def test_fusion_threshold_and_cycle_time_reach_horovods_environment(monkeypatch)
     configure_horovod_env(parse_args(["--fusion-threshold-mb", "32", "--cycle-time-ms", "0.5"]))
     assert os.environ["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
     assert os.environ["HOROVOD_CYCLE_TIME"] == "0.5"
+
+
+def test_cpu_workers_share_the_cores_unless_omp_num_threads_is_set():
+    assert cpu_threads_per_worker(2, 2, {}) == 1      # 2 workers on 2 cores: one thread each
+    assert cpu_threads_per_worker(16, 4, {}) == 4
+    assert cpu_threads_per_worker(2, 3, {}) == 1      # never zero
+    assert cpu_threads_per_worker(16, 1, {}) == 16
+    assert cpu_threads_per_worker(16, 4, {"OMP_NUM_THREADS": "2"}) is None  # the user's choice stands
