@@ -18,6 +18,7 @@ from cluster.local.backend import (
     bucket_names,
     job_exit_code,
     parse_summary,
+    shared_core_threads,
     storage_for,
     worker_exit_codes,
 )
@@ -323,3 +324,9 @@ def test_only_clusters_whose_owner_is_gone_count_as_stale(tmp_path):
     (reused / "owner.json").write_text(json.dumps(reaper.owner_record(me.pid, me.create_time() - 3600)))
     (other / "owner.json").write_text(json.dumps(reaper.owner_record(2**22 + 7, 0.0)))
     assert reaper.stale_workdirs(tmp_path) == [dead, reused]
+
+
+def test_local_workers_share_the_machines_cores():
+    assert shared_core_threads(2, 2) == 1
+    assert shared_core_threads(16, 4) == 4
+    assert shared_core_threads(2, 3) == 1   # never zero
