@@ -42,6 +42,12 @@ class RecordingBackend(LocalBackend):
         }
 
 
+# The trainer's test hook: seconds to sleep after every step. One-thread-per-core workers finish these
+# short jobs in well under a second, before the injected reclaim could land; this keeps each step
+# slow enough that the reclaim arrives mid-training, which is what these tests are about.
+STEP_PACING = {"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"}
+
+
 def _trainer_available():
     import importlib.util
 
@@ -54,7 +60,7 @@ def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     _trainer_available()
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     backend = RecordingBackend(2, isolated=isolated, reclaim_grace_s=10, log=print)
-    job = JobSpec(name="flowtest", num_hosts=2,
+    job = JobSpec(name="flowtest", num_hosts=2, env=STEP_PACING,
                   trainer_args=("--steps", "40", "--checkpoint-every", "10", "--batch-size", "32",
                                 "--log-every", "5"))
     opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=15,
@@ -87,7 +93,7 @@ def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
     # With an interruption notice the host leaves discovery before its worker is signalled, so
     # Horovod's elastic driver shrinks the ring around it instead of the job stopping.
     backend = RecordingBackend(2, reclaim_grace_s=10, reclaim_notice_s=3, log=print)
-    job = JobSpec(name="elastictest", num_hosts=2, elastic=True, min_hosts=1,
+    job = JobSpec(name="elastictest", num_hosts=2, elastic=True, min_hosts=1, env=STEP_PACING,
                   trainer_args=("--steps", "60", "--checkpoint-every", "20", "--batch-size", "32",
                                 "--log-every", "2"))
     opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=10,
