@@ -17,7 +17,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE
+from cluster.job import EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
 from train import checkpoint as ckpt
 from train import data as data_mod
 from train.config import TrainConfig
@@ -74,14 +74,12 @@ def cpu_threads_per_worker(cpus: int, local_size: int, environ: dict) -> int | N
     """torch's intra-op threads for a CPU worker, or None to leave torch's choice alone.
 
     torch gives every process one thread per core; with several workers on one host that
-    oversubscribes the cores and Horovod's busy-waiting collectives starve (the benchmark measured a
-    bare Horovod loop 20x slower at 2 workers x 2 threads on 2 cores). torchrun sets one thread per
-    worker; horovodrun sets nothing. We share the cores among the host's workers unless the user
-    chose explicitly with OMP_NUM_THREADS.
+    oversubscribes the cores. torchrun sets one thread per worker; horovodrun sets nothing. We share
+    the cores among the host's workers unless the user chose explicitly with OMP_NUM_THREADS.
     """
     if environ.get("OMP_NUM_THREADS"):
         return None
-    return max(1, cpus // max(1, local_size))
+    return cores_per_worker(cpus, local_size)
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec, cores_per_worker
 from cluster.launch import horovodrun_command
 from cluster.local import procs, reaper
 from cluster.local.hosts import HostError, LocalHosts
@@ -96,16 +96,6 @@ def job_exit_code(launcher_rc: int, worker_codes: dict[int, int], summary: dict)
         return EXIT_INTERRUPTED_RESUMABLE
     others = [c for c in own if c != EXIT_INTERRUPTED_RESUMABLE]
     return others[0] if others else launcher_rc
-
-
-def shared_core_threads(cpus: int, num_procs: int) -> int:
-    """torch threads per worker when all of a job's "hosts" share this machine's cores.
-
-    The trainer divides a host's cores among that host's workers, but local hosts are namespaces on
-    one machine: every worker of the job competes for the same cores, and oversubscribing them starves
-    Horovod's busy-waiting collectives (bench/: 20x slower at 2 threads x 2 workers on 2 cores).
-    """
-    return max(1, cpus // max(1, num_procs))
 
 
 @dataclasses.dataclass
@@ -226,7 +216,9 @@ class LocalBackend(Backend):
         )
         cmd[0] = str(Path(sys.executable).with_name("horovodrun"))
         env = {**os.environ, **store.env(), **job.env, **hosts.launcher_env(), "PYTHONUNBUFFERED": "1"}
-        threads = shared_core_threads(len(os.sched_getaffinity(0)), job.num_procs)
+        # Local hosts are namespaces on one machine: all of the job's workers share its cores (the
+        # trainer alone would only divide a host's cores among that host's workers).
+        threads = cores_per_worker(len(os.sched_getaffinity(0)), job.num_procs)
         env.setdefault("OMP_NUM_THREADS", str(threads))
         log_file = jobdir / "output.log"
         (jobdir / "command.json").write_text(json.dumps(cmd))

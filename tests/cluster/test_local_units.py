@@ -11,14 +11,13 @@ import pytest
 from cluster.backend import Storage
 from cluster.cli import UsageError, build_parser, check_args, job_from_args, options_from_args
 from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
-from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec, cores_per_worker
 from cluster.launch import horovodrun_command
 from cluster.local import hosts, network, procs, ssh
 from cluster.local.backend import (
     bucket_names,
     job_exit_code,
     parse_summary,
-    shared_core_threads,
     storage_for,
     worker_exit_codes,
 )
@@ -327,6 +326,6 @@ def test_only_clusters_whose_owner_is_gone_count_as_stale(tmp_path):
 
 
 def test_local_workers_share_the_machines_cores():
-    assert shared_core_threads(2, 2) == 1
-    assert shared_core_threads(16, 4) == 4
-    assert shared_core_threads(2, 3) == 1   # never zero
+    assert cores_per_worker(2, 2) == 1
+    assert cores_per_worker(16, 4) == 4
+    assert cores_per_worker(2, 3) == 1   # never zero
