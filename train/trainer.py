@@ -17,10 +17,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
+from cluster.job import EXIT_INTERRUPTED_RESUMABLE
 from train import checkpoint as ckpt
 from train import data as data_mod
 from train.config import TrainConfig
+from train.cpu import CPU_CYCLE_TIME_MS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
 from train.model import build_model
@@ -47,12 +48,15 @@ class RunResult:
     summary: dict = field(default_factory=dict)
 
 
-def configure_horovod_env(cfg: TrainConfig) -> None:
-    """Horovod reads its tuning knobs from the environment at hvd.init()."""
+def configure_horovod_env(cfg: TrainConfig, on_gpu: bool, environ=os.environ) -> None:
+    """Horovod reads its tuning knobs from the environment at hvd.init(). A flag wins over the
+    environment; the environment wins over our CPU default."""
     if cfg.horovod.fusion_threshold_mb is not None:
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.horovod.fusion_threshold_mb * 1024 * 1024))
+        environ["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.horovod.fusion_threshold_mb * 1024 * 1024))
     if cfg.horovod.cycle_time_ms is not None:
-        os.environ["HOROVOD_CYCLE_TIME"] = str(cfg.horovod.cycle_time_ms)
+        environ["HOROVOD_CYCLE_TIME"] = str(cfg.horovod.cycle_time_ms)
+    elif not on_gpu:
+        environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
 
 
 def lr_at(step: int, cfg: TrainConfig, world_size: int, local_size: int, on_gpu: bool) -> float:
@@ -70,18 +74,6 @@ def lr_at(step: int, cfg: TrainConfig, world_size: int, local_size: int, on_gpu:
     return cfg.optim.lr + (scaled - cfg.optim.lr) * step / warmup
 
 
-def cpu_threads_per_worker(cpus: int, local_size: int, environ: dict) -> int | None:
-    """torch's intra-op threads for a CPU worker, or None to leave torch's choice alone.
-
-    torch gives every process one thread per core; with several workers on one host that
-    oversubscribes the cores. torchrun sets one thread per worker; horovodrun sets nothing. We share
-    the cores among the host's workers unless the user chose explicitly with OMP_NUM_THREADS.
-    """
-    if environ.get("OMP_NUM_THREADS"):
-        return None
-    return cores_per_worker(cpus, local_size)
-
-
 def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
@@ -92,10 +84,15 @@ class Trainer:
         self.hvd = hvd
         self.stop = stop
         self.on_gpu = torch.cuda.is_available()
+        self.cpus: tuple[int, ...] | None = None  # the cores this worker is pinned to, if any
         if self.on_gpu:
             torch.cuda.set_device(hvd.local_rank())
         else:
-            threads = cpu_threads_per_worker(len(os.sched_getaffinity(0)), hvd.local_size(), os.environ)
+            if cfg.cpu_affinity == "auto":
+                self.cpus = pin_worker(hvd.local_rank(), hvd.local_size())
+            # Pinned, this process's cores are its share already; otherwise share them out here.
+            sharing = 1 if self.cpus else hvd.local_size()
+            threads = cpu_threads_per_worker(len(os.sched_getaffinity(0)), sharing, os.environ)
             if threads is not None:
                 torch.set_num_threads(threads)
         self.device = torch.device("cuda", hvd.local_rank()) if self.on_gpu else torch.device("cpu")
@@ -397,6 +394,7 @@ class Trainer:
             "world_size": hvd.size(),
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,
+            "cpu_affinity": list(self.cpus) if self.cpus else None,
         }
         if hvd.rank() == 0 and not self.summary_printed:
             if self._log is not None:
@@ -427,7 +425,7 @@ def agree_on_inputs(hvd, error: str | None) -> None:
 
 
 def run(cfg: TrainConfig) -> int:
-    configure_horovod_env(cfg)
+    configure_horovod_env(cfg, torch.cuda.is_available())
     import horovod.torch as hvd
 
     hvd.init()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from cluster.job import cpu_share
 from cluster.local import network, procs, reaper, ssh
 from cluster.local.network import HostPlan, NetworkPlan
 
@@ -66,6 +67,9 @@ def _port_free(address: str, port: int) -> bool:
 class Host:
     plan: HostPlan
     slots: int
+    # This host's share of the machine's cores: a machine of its own, as far as the CPU goes (the
+    # trainer pins its workers within it). None when the machine has fewer cores than hosts.
+    cpus: tuple[int, ...] | None = None
     sshd: subprocess.Popen | None = None
     live: bool = False
 
@@ -115,7 +119,9 @@ class LocalHosts:
             reaper.write_plan(self.workdir, self.plan)  # so a dead owner's cluster can be found and reaped
             port = 22 if self.isolated else pick_port([h.address for h in self.plan.hosts])
             self.keys = ssh.create_keys(self.workdir / "ssh", port)
-            self.hosts = [Host(plan=h, slots=self.slots_per_host) for h in self.plan.hosts]
+            machine = sorted(os.sched_getaffinity(0))
+            self.hosts = [Host(plan=h, slots=self.slots_per_host, cpus=cpu_share(machine, i, self.num_hosts))
+                          for i, h in enumerate(self.plan.hosts)]
             self._write_discovery()
             for host in self.hosts:
                 self._start_host(host)
@@ -279,6 +285,10 @@ class LocalHosts:
                 network.in_netns(host.plan, ssh.sshd_command(config)),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
             )
+        if host.cpus:
+            # Before sshd listens (we wait for that below), so every session, and every worker it
+            # starts, inherits the host's cores.
+            os.sched_setaffinity(host.sshd.pid, host.cpus)
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if host.sshd.poll() is not None:

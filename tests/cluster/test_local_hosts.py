@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.job import cpu_share
 from cluster.local import network
 from cluster.local.hosts import LocalHosts
 from cluster.local.leftovers import leftovers
@@ -57,6 +60,17 @@ def _wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def _cores_seen_on(h: LocalHosts, host: str) -> list[int]:
+    done = _ssh(h, host, f"{sys.executable} -c 'import os; print(sorted(os.sched_getaffinity(0)))'")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _expected_cores(index: int) -> list[int]:
+    share = cpu_share(sorted(os.sched_getaffinity(0)), index, 2)
+    return list(share) if share else sorted(os.sched_getaffinity(0))
+
+
 def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
     hosts = LocalHosts(num_hosts=2, workdir=tmp_path / "cluster", isolated=isolated, log=lambda m: None)
     worker_script = tmp_path / "worker.py"
@@ -74,6 +88,8 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
                 addrs = _ssh(hosts, host.name, "ip -4 -o addr show")
                 assert f"{host.address}/24" in addrs.stdout
                 assert f"{hosts.driver_address}/24" not in addrs.stdout  # the launcher is another host
+            # ... and its own share of the machine's cores, which what it runs inherits.
+            assert _cores_seen_on(hosts, host.name) == _expected_cores(hosts.hosts.index(host))
         listing = subprocess.run([str(hosts.discovery_script_path)], capture_output=True, text=True,
                                  timeout=10)
         assert listing.stdout == "".join(f"{h.address}:1\n" for h in hosts.hosts)
@@ -104,6 +120,7 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
 
         hosts.restore("host-1")
         assert _ssh(hosts, "host-1", "echo back").stdout.strip() == "back"
+        assert _cores_seen_on(hosts, "host-1") == _expected_cores(1)  # a restored host gets its cores back
         listing = subprocess.run([str(hosts.discovery_script_path)], capture_output=True, text=True)
         assert listing.stdout.count("\n") == 2
         sshd_pids = [h.sshd.pid for h in hosts.hosts]

@@ -15,6 +15,7 @@ import psutil
 import pytest
 import torch
 
+from cluster.job import cpu_share
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.proc import (
     VENV_BIN,
@@ -56,6 +57,9 @@ def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_b
     assert s["world_size"] == 2 and s["steps"] == 80 and s["checkpoints_written"] == 4
     assert s["final_loss"] < 0.5 * s["initial_loss"], s
     assert s["samples_per_sec"] > 0
+    # rank 0 pinned to the first core of its share (none when the machine has fewer cores than workers)
+    share = cpu_share(sorted(os.sched_getaffinity(0)), 0, 2)
+    assert s["cpu_affinity"] == (list(share) if share else None)
     checkpoints = ckpt.CheckpointStore(open_store(ck_uri, object_store.endpoint_url), keep=2)
     assert checkpoints.valid_steps() == [60, 80]
     found = checkpoints.latest_valid()
@@ -68,8 +72,10 @@ def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_b
 def test_sigterm_on_one_worker_stops_all_and_resume_is_bitwise_exact(tmp_path, local_dataset):
     common = ("--data", str(local_dataset), "--steps", "60", "--dropout", "0.1", "--log-every", "1",
               "--checkpoint-every", "25", "--seed", "5")
-    ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(tmp_path / "ref")))
+    # The reference runs unpinned: where the threads run must not change a single bit of the result.
+    ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(tmp_path / "ref"), "--cpu-affinity", "off"))
     assert ref.returncode == 0, ref.stdout[-4000:]
+    assert parse_summary(ref.stdout)["cpu_affinity"] is None
 
     ck, metrics = tmp_path / "spot", tmp_path / "m.jsonl"
     proc = start(horovodrun_cmd(2, *common, "--checkpoint-dir", str(ck), "--metrics-file", str(metrics)),

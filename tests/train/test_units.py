@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from train.config import parse_args
+from train.cpu import cpu_threads_per_worker
 from train.data import ShardedSampler
 from train.errors import BadInput
 from train.metrics import SUMMARY_KEYS, parse_summary, summary_line
-from train.trainer import cpu_threads_per_worker, lr_at
+from train.trainer import lr_at
 
 
 def test_defaults_parse():
@@ -107,18 +108,27 @@ def test_summary_line_round_trips_and_requires_every_key():
         parse_summary(f"{line}\n{line}")
 
 
-def test_fusion_threshold_and_cycle_time_reach_horovods_environment(monkeypatch):
+def test_fusion_threshold_and_cycle_time_reach_horovods_environment():
     from train.trainer import configure_horovod_env
 
-    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
-    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
-    configure_horovod_env(parse_args([]))
-    import os
+    env: dict[str, str] = {}
+    configure_horovod_env(parse_args([]), on_gpu=True, environ=env)
+    assert env == {}  # on GPUs Horovod's own defaults stand
+    configure_horovod_env(parse_args([]), on_gpu=False, environ=env)
+    assert env == {"HOROVOD_CYCLE_TIME": "0.5"}  # the CPU default the benchmarks chose
+    env = {"HOROVOD_CYCLE_TIME": "3"}
+    configure_horovod_env(parse_args([]), on_gpu=False, environ=env)
+    assert env == {"HOROVOD_CYCLE_TIME": "3"}  # the environment wins over our default
+    configure_horovod_env(parse_args(["--fusion-threshold-mb", "32", "--cycle-time-ms", "0.25"]),
+                          on_gpu=False, environ=env)
+    assert env == {"HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "0.25"}
 
-    assert "HOROVOD_FUSION_THRESHOLD" not in os.environ and "HOROVOD_CYCLE_TIME" not in os.environ
-    configure_horovod_env(parse_args(["--fusion-threshold-mb", "32", "--cycle-time-ms", "0.5"]))
-    assert os.environ["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
-    assert os.environ["HOROVOD_CYCLE_TIME"] == "0.5"
+
+def test_cpu_affinity_flag():
+    assert parse_args([]).cpu_affinity == "auto"
+    assert parse_args(["--cpu-affinity", "off"]).cpu_affinity == "off"
+    with pytest.raises(BadInput, match="--cpu-affinity"):
+        parse_args(["--cpu-affinity", "numa"])
 
 
 def test_cpu_workers_share_the_cores_unless_omp_num_threads_is_set():

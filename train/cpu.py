@@ -1,0 +1,50 @@
+"""Where a CPU worker's threads run: how many torch threads, and which cores.
+
+Both choices come from the benchmarks (bench/, README "Performance"): at 2 workers on 2 cores,
+torch's default of one thread per core per process made a bare Horovod loop 20x slower, and
+pinning each worker's threads (its training thread, Horovod's background thread, Gloo's) to a core
+of its own lifted Horovod from about 0.8x to about 1.0x torch DDP: Horovod's wait for a collective
+spins with sched_yield, which hands the core to the threads doing the work only when they share a
+core. GPU workers are left alone: their binding is a NUMA/PCIe question this cannot measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+
+from cluster.job import cores_per_worker, cpu_share
+
+# Horovod's cycle time for CPU workers (its own default is 1 ms): a shorter wait before gradients
+# ready mid-cycle are reduced; measured in bench/ (the "cycle" settings of the tuning study).
+CPU_CYCLE_TIME_MS = 0.5
+
+
+def cpu_threads_per_worker(cpus: int, local_size: int, environ: Mapping[str, str]) -> int | None:
+    """torch's intra-op threads for a CPU worker, or None to leave torch's choice alone.
+
+    torch gives every process one thread per core; with several workers on one host that
+    oversubscribes the cores. torchrun sets one thread per worker; horovodrun sets nothing. We share
+    the cores among the host's workers unless the user chose explicitly with OMP_NUM_THREADS.
+    """
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    return cores_per_worker(cpus, local_size)
+
+
+def pin_worker(local_rank: int, local_size: int) -> tuple[int, ...] | None:
+    """Pin every thread of this process to this worker's share of the cores it may use.
+
+    Called after hvd.init(), so the threads Horovod and Gloo have started are moved too (each thread
+    has its own affinity; threads started later inherit their creator's). Returns the cores, or
+    None when there are fewer cores than workers (nothing is pinned then).
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    share = cpu_share(allowed, local_rank, local_size)
+    if share is None:
+        return None
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(int(tid), share)
+    return share
