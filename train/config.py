@@ -184,6 +184,14 @@ def validate(cfg: TrainConfig) -> None:
          f"--cycle-time-ms {cfg.horovod.cycle_time_ms}: must be > 0")
     need(not (cfg.horovod.adasum and cfg.horovod.compression != "none"),
          "--adasum with --compression fp16: Horovod's Adasum path takes uncompressed gradients; pick one")
+    # Horovod's Adasum optimizer (2+ workers) applies each parameter's update inside the backward pass
+    # and reduces the updates, so there is no reduced gradient to unscale or clip before the step.
+    need(not (cfg.horovod.adasum and cfg.optim.clip_grad_norm is not None),
+         "--adasum with --clip-grad-norm: Horovod's Adasum optimizer updates each parameter inside the "
+         "backward pass, before gradients could be clipped; pick one")
+    need(not (cfg.horovod.adasum and cfg.precision == "fp16"),
+         "--adasum with --precision fp16: loss scaling must unscale gradients before the update, which "
+         "Horovod's Adasum optimizer applies inside the backward pass; use --precision bf16 or fp32")
     need(cfg.checkpoint.every >= 0, f"--checkpoint-every {cfg.checkpoint.every}: must be >= 0 (0: end only)")
     need(cfg.checkpoint.keep >= 1, f"--keep-checkpoints {cfg.checkpoint.keep}: must be >= 1")
     need(cfg.metrics.log_every >= 1, f"--log-every {cfg.metrics.log_every}: must be >= 1")

@@ -167,18 +167,24 @@ class Trainer:
                                  cfg.model.dropout).to(self.device)
         named = list(self.model.named_parameters())
         groups = [{"params": [p for _, p in named]}]
-        # The stop vote rides in the gradient allreduce: a one-element "parameter", outside the model
-        # and the autograd graph, whose gradient is set to this rank's stop flag. DistributedOptimizer
-        # allreduces it with the gradients (a parameter no backward pass reached is reduced in
-        # synchronize()), so the averaged "gradient" is the fraction of ranks asked to stop: four
-        # bytes next to the gradients instead of a collective of its own per step (that cost 20-25%
-        # of a 1 ms CPU step here). It is never updated (lr 0, and its gradient is cleared before the
-        # optimizer steps). Adasum does not average, so there the vote is a separate allreduce.
-        self.vote_in_gradients = not cfg.horovod.adasum
-        if self.vote_in_gradients:
-            self.vote = torch.zeros(1, device=self.device, requires_grad=True)
-            named.append(("ringtrain_stop_vote", self.vote))
-            groups.append({"params": [self.vote], "lr": 0.0, "ringtrain_vote": True})
+        # The step's stop vote and loss ride in the gradient allreduce: a two-element "parameter",
+        # outside the model and the autograd graph, whose gradient is set to [this rank's stop flag,
+        # its loss]. DistributedOptimizer allreduces it with the gradients (a parameter no backward
+        # pass reached is reduced in synchronize()), so the averaged "gradient" is [the fraction of
+        # ranks asked to stop, the mean loss]: eight bytes next to the gradients instead of
+        # collectives of their own (a stop allreduce per step cost 20-25% of a 1 ms CPU step here; a
+        # loss allreduce per logged step about 1%). It is never updated (lr 0, and its gradient is
+        # cleared before the optimizer steps). Adasum does not average, so there it is a separate
+        # allreduce. With --compression fp16 the loss is averaged in fp16 too (3 significant digits).
+        self.stats_in_gradients = not cfg.horovod.adasum
+        # With 2+ workers Horovod's Adasum optimizer is a different kind: it runs the wrapped
+        # optimizer per parameter inside backward and reduces the updates, which step() then applies
+        # (it has no skip_synchronize). With one worker Horovod gives the ordinary one (its rule).
+        self.adasum_updates = cfg.horovod.adasum and hvd.size() > 1
+        if self.stats_in_gradients:
+            self.step_stats = torch.zeros(2, device=self.device, requires_grad=True)
+            named.append(("ringtrain_step_stats", self.step_stats))
+            groups.append({"params": [self.step_stats], "lr": 0.0, "ringtrain_stats": True})
         if cfg.optim.name == "sgd":
             base = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
         else:
@@ -200,10 +206,10 @@ class Trainer:
         if self.dataset is None:
             x, y = data_mod.synthetic_batch(cfg.seed, hvd.rank(), cfg.data.batch_size)
             self.synthetic = (x.to(self.device), y.to(self.device))
-        self.stop_flag = torch.zeros(1, device=self.device if self.vote_in_gradients else "cpu")
-        self.loss_sum = torch.zeros((), device=self.device)
+        # Losses below are already averaged over the ranks (they come out of the step's allreduce).
+        self.loss_sum = 0.0
         self.loss_count = 0
-        self.last_loss = torch.zeros((), device=self.device)
+        self.last_loss: float | None = None
 
     def apply_checkpoint(self, state: dict, progress) -> None:
         """Load a checkpoint (read by rank 0 and broadcast, or read locally in elastic mode)."""
@@ -244,20 +250,17 @@ class Trainer:
                 self.dataset.y.index_select(0, idx).to(self.device, non_blocking=True))
 
     def train_step(self, progress) -> float:
-        """One optimizer step. Returns the fraction of ranks asked to stop (the same on every rank)."""
+        """One optimizer step. Returns the fraction of ranks asked to stop (the same on every rank);
+        the step's loss, averaged over the ranks, goes to last_loss."""
         cfg, hvd, opt = self.cfg, self.hvd, self.optimizer
         lr = lr_at(progress.step, cfg, hvd.size(), hvd.local_size(), self.on_gpu)
         for group in opt.param_groups:
-            if not group.get("ringtrain_vote"):
+            if not group.get("ringtrain_stats"):
                 group["lr"] = lr
         k = cfg.horovod.backward_passes_per_step
         opt.zero_grad()
-        # Sampled once per step, before the forward pass, identically for every backward pass.
-        self.stop_flag.fill_(1.0 if self.stop.requested else 0.0)
-        if self.vote_in_gradients:
-            self.vote.grad = self.stop_flag.clone()
-        else:
-            vote = hvd.allreduce_async_(self.stop_flag, op=hvd.Average, name="ringtrain.stop")
+        # Sampled once per step, before the forward pass: a SIGTERM during the step counts next step.
+        stop_flag = 1.0 if self.stop.requested else 0.0
         step_loss = None
         for _ in range(k):
             x, y = self.next_batch(progress)
@@ -266,27 +269,38 @@ class Trainer:
             scaled = loss / k if k > 1 else loss
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
-        # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then step
-        # without a second synchronization.
-        opt.synchronize()
-        if self.vote_in_gradients:
-            stop = self.vote.grad.item()
-            self.vote.grad = None  # the optimizer leaves a parameter without a gradient (and its state) alone
+        stats = torch.cat((torch.full((1,), stop_flag, device=self.device), step_loss.float().reshape(1)))
+        if self.stats_in_gradients:
+            self.step_stats.grad = stats
         else:
-            stop = hvd.synchronize(vote).item()
-        if self.scaler is not None:
-            self.scaler.unscale_(opt)
-        if cfg.optim.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad_norm)
-        with opt.skip_synchronize():
+            handle = hvd.allreduce_async_(stats, op=hvd.Average, name="ringtrain.step_stats")
+        if self.adasum_updates:
+            opt.step()  # waits for the Adasum-reduced updates and applies them
+        else:
+            # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then
+            # step without a second synchronization.
+            opt.synchronize()
+        if self.stats_in_gradients:
+            stop, mean_loss = self.step_stats.grad.tolist()
+            self.step_stats.grad = None  # the optimizer leaves a parameter without a gradient alone
+        else:
+            stop, mean_loss = hvd.synchronize(handle).tolist()
+        if not self.adasum_updates:
             if self.scaler is not None:
-                self.scaler.step(opt)
-                self.scaler.update()
-            else:
-                opt.step()
+                self.scaler.unscale_(opt)
+            if cfg.optim.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad_norm)
+            with opt.skip_synchronize():
+                if self.scaler is not None:
+                    self.scaler.step(opt)
+                    self.scaler.update()
+                else:
+                    opt.step()
         progress.step += 1
-        self.last_loss = step_loss
-        self.loss_sum += step_loss
+        self.last_loss = mean_loss
+        if self.initial_loss is None:
+            self.initial_loss = mean_loss
+        self.loss_sum += mean_loss
         self.loss_count += 1
         return stop
 
@@ -325,19 +339,11 @@ class Trainer:
                 time.sleep(step_sleep)
             window_samples += samples_per_step * hvd.size()
             self.samples_total += samples_per_step * hvd.size()
-            if progress.step == start_step + 1:
-                # Every rank enters loop() together (also after an elastic reset), so every rank
-                # takes part in this allreduce; only the run's first value is kept.
-                first = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
-                                      name="ringtrain.initial_loss").item()
-                if self.initial_loss is None:
-                    self.initial_loss = first
             if self.log is not None:
                 self.log.advance()
             last = progress.step >= cfg.steps
             if progress.step % cfg.metrics.log_every == 0 or last or stop:
-                mean = (self.loss_sum / max(self.loss_count, 1)).float().cpu()
-                mean = hvd.allreduce(mean, op=hvd.Average, name="ringtrain.loss").item()
+                mean = self.loss_sum / max(self.loss_count, 1)
                 now = time.perf_counter()
                 if self.log is not None:
                     self.log.log({
@@ -346,7 +352,7 @@ class Trainer:
                         "lr": self.optimizer.param_groups[0]["lr"], "world_size": hvd.size(),
                         "time": time.time(),
                     })
-                self.loss_sum.zero_()
+                self.loss_sum = 0.0
                 self.loss_count = 0
                 t_window, window_samples = now, 0
                 if commit is not None:
@@ -376,8 +382,7 @@ class Trainer:
 
         initial_loss = self.initial_loss
         if progress.step > start_step:
-            final_loss = hvd.allreduce(self.last_loss.detach().float().cpu(), op=hvd.Average,
-                                       name="ringtrain.final_loss").item()
+            final_loss = self.last_loss
         else:  # nothing left to do: the checkpoint we resumed from already reached --steps
             final_loss = initial_loss = self.saved_loss
         if self.checkpoints is not None and progress.last_checkpoint_step != progress.step:
@@ -424,11 +429,20 @@ def agree_on_inputs(hvd, error: str | None) -> None:
             raise BadInput(err if rank == 0 else f"(rank {rank}) {err}")
 
 
+def check_horovod_runtime(cfg: TrainConfig, hvd) -> None:
+    """Checks that need hvd.init(). Every rank sees the same size and controller, so all raise alike."""
+    if cfg.horovod.adasum and hvd.size() > 1 and not hvd.mpi_enabled():
+        raise BadInput("--adasum with 2 or more workers needs Horovod's MPI controller (Horovod implements "
+                       "Adasum only over MPI: the MPIJob's mpirun, or horovodrun --mpi); this job runs on "
+                       "Gloo. Drop --adasum, or launch with MPI")
+
+
 def run(cfg: TrainConfig) -> int:
     configure_horovod_env(cfg, torch.cuda.is_available())
     import horovod.torch as hvd
 
     hvd.init()
+    check_horovod_runtime(cfg, hvd)
     trainer = Trainer(cfg, hvd, STOP)
     if cfg.horovod.elastic:
         from train.elastic import run_elastic

@@ -213,3 +213,34 @@ def test_elastic_run_survives_a_killed_worker_it_rejoins_and_a_reclaimed_one_lea
     assert "leaves the elastic job after SIGTERM" in out and "exit with status code 75" in out
     assert s["final_loss"] < 0.5 * s["initial_loss"]
     assert latest_state(str(tmp_path / "ck")).step == 450
+
+
+def test_reported_loss_is_the_mean_over_ranks():
+    """The step's loss is averaged over the ranks inside the step's gradient allreduce: the first
+    step's loss must be the mean of each rank's loss on its own batch under the common initial
+    weights, not rank 0's alone. (The separate allreduce used under Adasum runs in the single-worker
+    tests; Adasum itself needs MPI, see below.)"""
+    from train.model import build_model
+
+    seed, batch = 3, 16
+    proc = run(horovodrun_cmd(2, "--steps", "1", "--seed", str(seed), "--batch-size", str(batch)))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    torch.manual_seed(seed)
+    model = build_model("mlp", data_mod.INPUT_SHAPE, data_mod.NUM_CLASSES, 128, 0.0)
+    with torch.no_grad():
+        losses = [torch.nn.functional.cross_entropy(model(x), y).item()
+                  for x, y in (data_mod.synthetic_batch(seed, r, batch) for r in (0, 1))]
+    assert abs(losses[0] - losses[1]) > 1e-3  # the ranks' losses differ, so the mean is informative
+    assert parse_summary(proc.stdout)["initial_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
+
+
+def test_adasum_on_gloo_with_two_workers_is_one_clear_error():
+    """Horovod implements Adasum only over MPI; on Gloo the first reduction would fail deep inside
+    Horovod ("No Adasum operation enabled"). Every rank stops before training with one message."""
+    r = run(horovodrun_cmd(2, "--steps", "1", "--adasum"))
+    assert r.returncode != 0
+    says = "train: error: --adasum with 2 or more workers needs Horovod's MPI controller"
+    assert r.stderr.count(says) == 1, r.stderr[-3000:]
+    assert "]<stderr>:Traceback" not in r.stderr
+    codes = _worker_exit_codes(r.stdout)
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "143"}, r.stdout

@@ -46,6 +46,8 @@ def test_endpoint_defaults_to_aws_endpoint_url(monkeypatch):
     (["--checkpoint-dir", "gs://b/x"], "--checkpoint-dir 'gs://b/x'"),
     (["--keep-checkpoints", "0"], "--keep-checkpoints 0: must be >= 1"),
     (["--adasum", "--compression", "fp16"], "--adasum with --compression fp16"),
+    (["--adasum", "--clip-grad-norm", "1"], "--adasum with --clip-grad-norm"),
+    (["--adasum", "--precision", "fp16"], "--adasum with --precision fp16"),
     (["--s3-endpoint-url", "127.0.0.1:9000"], "must start with http:// or https://"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
