@@ -21,7 +21,7 @@ class HorovodSettings:
     fusion_mb: float | None = None      # HOROVOD_FUSION_THRESHOLD (Horovod default 128 MB)
     autotune: bool = False              # HOROVOD_AUTOTUNE
     compression: str = "none"           # none | fp16
-    wait: str = "spin"                  # spin: Horovod's own wait in step(); poll: poll with sleeps
+    pin: bool = False                   # workers pinned to their share of the cores (train/cpu.py)
 
     def env(self) -> dict[str, str]:
         env = {}
@@ -36,22 +36,24 @@ class HorovodSettings:
         return env
 
     def args(self) -> list[str]:
-        return ["--threads", str(self.threads), "--compression", self.compression, "--wait", self.wait]
+        pin = ["--pin"] if self.pin else []
+        return ["--threads", str(self.threads), "--compression", self.compression, *pin]
 
 
 # One factor at a time: Horovod's defaults, then one thread per worker (what torchrun gives DDP),
-# then each other knob changed on top of that. (This model's gradients total well under a megabyte,
-# so any fusion threshold above that fuses them all: 0, which turns fusion off, is the informative
-# alternative to the default.)
+# then pinned workers, then each other knob changed on top of that. (This model's gradients total well
+# under a megabyte, so any fusion threshold above that fuses them all: 0, which turns fusion off, is the
+# informative alternative to the default.)
 STUDY: dict[str, HorovodSettings] = {
     "hvd-defaults": HorovodSettings(),
     "hvd-threads1": HorovodSettings(threads=1),
-    "hvd-threads1-cycle0.1": HorovodSettings(threads=1, cycle_time_ms=0.1),
-    "hvd-threads1-cycle5": HorovodSettings(threads=1, cycle_time_ms=5),
-    "hvd-threads1-fusion0": HorovodSettings(threads=1, fusion_mb=0),
-    "hvd-threads1-autotune": HorovodSettings(threads=1, autotune=True),
-    "hvd-threads1-fp16": HorovodSettings(threads=1, compression="fp16"),
-    "hvd-threads1-poll": HorovodSettings(threads=1, wait="poll"),
+    "hvd-threads1-pin": HorovodSettings(threads=1, pin=True),
+    "hvd-threads1-pin-cycle0.5": HorovodSettings(threads=1, pin=True, cycle_time_ms=0.5),
+    "hvd-threads1-pin-cycle0.25": HorovodSettings(threads=1, pin=True, cycle_time_ms=0.25),
+    "hvd-threads1-pin-cycle2": HorovodSettings(threads=1, pin=True, cycle_time_ms=2),
+    "hvd-threads1-pin-fusion0": HorovodSettings(threads=1, pin=True, fusion_mb=0),
+    "hvd-threads1-pin-autotune": HorovodSettings(threads=1, pin=True, autotune=True),
+    "hvd-threads1-pin-fp16": HorovodSettings(threads=1, pin=True, compression="fp16"),
 }
 
 
@@ -79,11 +81,12 @@ def horovod_contender(name: str, settings: HorovodSettings, shape: LoopShape, ti
     )
 
 
-def ddp_contender(shape: LoopShape, timeout_s: float, name: str = "ddp") -> Contender:
-    """DDP as torchrun starts it: torchrun sets OMP_NUM_THREADS=1 per worker by default."""
-    cmd = ddp_command("bench.worker_ddp", shape.args(), np=shape.workers)
+def ddp_contender(shape: LoopShape, timeout_s: float, name: str = "ddp", pin: bool = False) -> Contender:
+    """DDP as torchrun starts it (torchrun sets OMP_NUM_THREADS=1 per worker by default); with `pin`,
+    its workers pinned the way the trainer pins Horovod's, to compare like with like."""
+    cmd = ddp_command("bench.worker_ddp", [*shape.args(), *(["--pin"] if pin else [])], np=shape.workers)
     return Contender(
         name=name,
         run=lambda: run_worker(name, cmd, None, timeout_s),
-        config={"framework": "ddp", "launcher": "torchrun", "backend": "gloo", **asdict(shape)},
+        config={"framework": "ddp", "launcher": "torchrun", "backend": "gloo", "pin": pin, **asdict(shape)},
     )

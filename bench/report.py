@@ -17,6 +17,17 @@ def _x(v: float) -> str:
     return f"{v:.2f}×"
 
 
+def _settings(cfg: dict) -> str:
+    """A bare Horovod contender's settings in words."""
+    words = [f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''} per worker"
+             if cfg.get("threads") else "torch's default threads"]
+    if cfg.get("pin"):
+        words.append("each worker pinned to its own core")
+    if cfg.get("cycle_time_ms") is not None:
+        words.append(f"Horovod cycle time {cfg['cycle_time_ms']:g} ms")
+    return ", ".join(words)
+
+
 def markdown(r: dict) -> str:
     m, v, s = r["machine"], r["versions"], r["sections"]
     out = [
@@ -42,7 +53,9 @@ def markdown(r: dict) -> str:
             f"{h['comparison']['repeats']} repeats; "
             f"{h['window']}; the trainer checkpoints every {cfg['checkpoint_every']} steps to the local S3 "
             f"store ({cfg['checkpoints_in_window']} checkpoints inside the window) and writes its metrics "
-            "file; all run with one torch thread per worker):",
+            f"file; the trainer runs with its own defaults, the bare Horovod loop with the same settings "
+            f"({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one torch thread per "
+            "worker):",
             "",
             "| contender | median samples/s | ratio | target |",
             "|---|---:|---:|---|",
@@ -52,8 +65,16 @@ def markdown(r: dict) -> str:
             f"{_x(p['trainer']['median'])} | ≥ 1.0: {'met' if p['trainer']['met'] else '**not met**'} |",
             f"| bare Horovod / torch DDP | {c['bare-hvd']['median']:.0f} / {c['ddp']['median']:.0f} | "
             f"{_x(p['bare-hvd']['median'])} | |",
-            "",
         ]
+        pp = h.get("peer_pinned")
+        if pp and "ddp-pin" in c:
+            out += [
+                f"| trainer / DDP pinned like the trainer | {c['trainer']['median']:.0f} / "
+                f"{c['ddp-pin']['median']:.0f} | {_x(pp['trainer']['median'])} | like with like; no target |",
+                f"| bare Horovod / DDP pinned alike | {c['bare-hvd']['median']:.0f} / "
+                f"{c['ddp-pin']['median']:.0f} | {_x(pp['bare-hvd']['median'])} | |",
+            ]
+        out += [""]
     st = s.get("peer_study", {})
     if st.get("status") == "ok":
         comp = st["comparison"]
@@ -61,9 +82,10 @@ def markdown(r: dict) -> str:
         out += [
             f"**Horovod tuning study** (bare loops, {shape.get('steps', '?')} timed steps, "
             f"{comp['repeats']} repeats; "
-            "each Horovod setting's ratio to DDP as torchrun starts it, i.e. one torch thread per worker):",
+            "each Horovod setting's ratio to DDP as torchrun starts it, i.e. one torch thread per worker "
+            "and no pinning; `pin`: each worker's threads pinned to a core of its own):",
             "",
-            "| Horovod setting | median samples/s | ratio to DDP | per repeat |",
+            "| contender | median samples/s | ratio to DDP | per repeat |",
             "|---|---:|---:|---|",
         ]
         for name, cc in comp["contenders"].items():

@@ -51,6 +51,8 @@ def _headline(s: dict) -> list[str]:
         f"(target >= {e['target']}: {_met(e['met'])})",
         *(f"  {name} / DDP: {_ratio(v['median'])} (target >= {v['target']}: {_met(v['met'])})"
           for name, v in p.items()),
+        *(f"  {name} / DDP pinned alike: {_ratio(v['median'])}"
+          for name, v in s.get("peer_pinned", {}).items()),
         f"  window: {s['window']}",
     ]
 

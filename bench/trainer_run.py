@@ -41,10 +41,11 @@ def read_metrics(path: Path) -> list[dict]:
 
 @dataclass(frozen=True)
 class TrainerRun:
-    """One trainer configuration to run; `checkpoint_every` 0 means no checkpoint store at all."""
+    """One trainer configuration to run; `checkpoint_every` 0 means no checkpoint store at all;
+    `settings` None means the trainer's own defaults (no tuning flag or environment at all)."""
 
     shape: LoopShape
-    settings: HorovodSettings
+    settings: HorovodSettings | None
     checkpoint_every: int
     endpoint_url: str | None = None
     bucket: str | None = None
@@ -59,12 +60,16 @@ class TrainerRun:
     def trainer_args(self, metrics_file: Path, run_id: str) -> list[str]:
         s, h = self.shape, self.settings
         args = ["--model", s.model, "--width", str(s.width), "--batch-size", str(s.batch_size),
-                "--steps", str(s.warmup + s.steps), "--data", "synthetic", "--compression", h.compression,
+                "--steps", str(s.warmup + s.steps), "--data", "synthetic",
                 "--metrics-file", str(metrics_file), "--log-every", str(self.log_every), "--no-progress"]
-        if h.cycle_time_ms is not None:
-            args += ["--cycle-time-ms", f"{h.cycle_time_ms:g}"]
-        if h.fusion_mb is not None:
-            args += ["--fusion-threshold-mb", f"{h.fusion_mb:g}"]
+        if h is not None:
+            args += ["--compression", h.compression]
+            if h.cycle_time_ms is not None:
+                args += ["--cycle-time-ms", f"{h.cycle_time_ms:g}"]
+            if h.fusion_mb is not None:
+                args += ["--fusion-threshold-mb", f"{h.fusion_mb:g}"]
+            if not h.pin:  # the trainer pins CPU workers by default
+                args += ["--cpu-affinity", "off"]
         if self.checkpoint_every:
             args += ["--checkpoint-dir", f"s3://{self.bucket}/checkpoints/{run_id}",
                      "--checkpoint-every", str(self.checkpoint_every), "--s3-endpoint-url", self.endpoint_url]
@@ -72,7 +77,7 @@ class TrainerRun:
 
     def env(self, store_env: dict[str, str]) -> dict[str, str]:
         # Knobs the trainer has flags for go as flags (above); threads and autotune have none.
-        knobs = {k: v for k, v in self.settings.env().items()
+        knobs = {k: v for k, v in (self.settings.env() if self.settings else {}).items()
                  if k not in ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")}
         return {**store_env, **knobs}
 
@@ -102,6 +107,7 @@ class TrainerRun:
             "batch_size": self.shape.batch_size,
             "summary_samples_per_sec": summary["samples_per_sec"],
             "checkpoints_written": summary["checkpoints_written"],
+            "cpus": summary["cpu_affinity"],  # rank 0's cores, as the trainer pinned them (or None)
             "run_id": run_id,
             "records": records,
         }

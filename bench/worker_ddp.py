@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.model import batch, build
-from bench.workerlib import apply_threads, report, timed_loop, worker_args
+from bench.workerlib import apply_pin, apply_threads, report, timed_loop, worker_args
 
 
 def main() -> None:
@@ -18,6 +18,7 @@ def main() -> None:
     apply_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    cpus = apply_pin(args.pin, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
     torch.manual_seed(args.seed)
     model = DistributedDataParallel(build(args.model, args.width))  # broadcasts rank 0's parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * world, momentum=0.9)
@@ -31,6 +32,7 @@ def main() -> None:
     times, window = timed_loop(step, args.warmup, args.steps, dist.barrier)
     report(rank, world, args.batch_size, times, window, {
         "framework": "ddp",
+        "cpus": cpus,
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS",) if k in os.environ},
     })
     dist.destroy_process_group()

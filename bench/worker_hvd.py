@@ -1,41 +1,28 @@
 """The bare Horovod loop: `horovodrun --gloo -np 2 -H localhost:2 python -m bench.worker_hvd ...`.
 
 Horovod's tuning knobs (HOROVOD_CYCLE_TIME, HOROVOD_FUSION_THRESHOLD, HOROVOD_AUTOTUNE) arrive as
-environment variables from the harness; threads and compression as arguments.
+environment variables from the harness; threads, pinning and compression as arguments.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
 from bench.model import batch, build
-from bench.workerlib import apply_threads, report, timed_loop, worker_args
+from bench.workerlib import apply_pin, apply_threads, report, timed_loop, worker_args
 
 _TUNING_ENV = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_AUTOTUNE", "OMP_NUM_THREADS")
-
-
-def wait_sleeping(optimizer, interval_s: float) -> None:
-    """Wait for the gradients' allreduces by polling with sleeps.
-
-    optimizer.step() waits in Horovod's WaitAndClear, which spins (std::this_thread::yield) until the
-    background thread has finished the allreduce. On a machine with no spare core the spinning main
-    thread competes with the very threads doing the allreduce; sleeping between polls hands them
-    the core. (Horovod keeps its handles in the private `_handles`; this is a study of the effect.)
-    """
-    handles = [h for h, _ in optimizer._handles.values() if h is not None]
-    while not all(hvd.poll(h) for h in handles):
-        time.sleep(interval_s)
 
 
 def main() -> None:
     args = worker_args()
     apply_threads(args.threads)
     hvd.init()
+    cpus = apply_pin(args.pin, hvd.local_rank(), hvd.local_size())
     torch.manual_seed(args.seed)
     model = build(args.model, args.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9)
@@ -49,8 +36,6 @@ def main() -> None:
     def step(i: int) -> None:
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
-        if args.wait == "poll":
-            wait_sleeping(optimizer, args.poll_interval_ms / 1000)
         optimizer.step()
 
     def barrier() -> None:
@@ -60,6 +45,7 @@ def main() -> None:
     report(hvd.rank(), hvd.size(), args.batch_size, times, window, {
         "framework": "horovod",
         "compression": args.compression,
+        "cpus": cpus,
         "env": {k: os.environ[k] for k in _TUNING_ENV if k in os.environ},
     })
     hvd.shutdown()

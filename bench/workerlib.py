@@ -26,9 +26,8 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=32, help="channels (cnn) or hidden units (mlp)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: leave as is)")
     p.add_argument("--compression", choices=["none", "fp16"], default="none", help="Horovod only")
-    p.add_argument("--wait", choices=["spin", "poll"], default="spin",
-                   help="Horovod only: how the loop waits for gradients (spin: Horovod's own wait)")
-    p.add_argument("--poll-interval-ms", type=float, default=0.2, help="with --wait poll")
+    p.add_argument("--pin", action="store_true",
+                   help="pin each worker's threads to its share of the cores, as the trainer does")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "width"):
@@ -42,6 +41,16 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
 def apply_threads(threads: int) -> None:
     if threads:
         torch.set_num_threads(threads)
+
+
+def apply_pin(pin: bool, local_rank: int, local_size: int) -> list[int] | None:
+    """After the framework's init (its threads exist then): the trainer's own pinning (train/cpu.py)."""
+    if not pin:
+        return None
+    from train.cpu import pin_worker
+
+    cpus = pin_worker(local_rank, local_size)
+    return list(cpus) if cpus else None
 
 
 def timed_loop(

@@ -12,6 +12,32 @@ def _comparison():
     }
 
 
+def _headline():
+    shape = {"steps": 200, "warmup": 20, "batch_size": 32, "workers": 2, "model": "cnn", "width": 64}
+    contender = lambda median, config: {"config": config, "samples": [median], "median": median,  # noqa: E731
+                                        "runs": [{}]}
+    return {
+        "status": "ok", "window": "steps 20-220",
+        "comparison": {
+            "metric": "samples_per_sec", "baseline": "bare-hvd", "repeats": 1,
+            "order": ["trainer", "bare-hvd", "ddp", "ddp-pin"],
+            "contenders": {
+                "trainer": contender(980.0, {"checkpoint_every": 50, "checkpoints_in_window": 4, **shape}),
+                "bare-hvd": contender(1000.0, {"threads": 1, "pin": True, "cycle_time_ms": 0.5, **shape}),
+                "ddp": contender(990.0, shape),
+                "ddp-pin": contender(1100.0, {"pin": True, **shape}),
+            },
+            "ratios": {name: {"per_repeat": [r], "median": r}
+                       for name, r in (("trainer", 0.98), ("ddp", 0.99), ("ddp-pin", 1.1))},
+        },
+        "efficiency": {"trainer_vs_bare_hvd": 0.98, "per_repeat": [0.98], "target": 0.97, "met": True},
+        "peer": {"trainer": {"per_repeat": [0.99], "median": 0.99, "target": 1.0, "met": False},
+                 "bare-hvd": {"per_repeat": [1.01], "median": 1.01, "target": 1.0, "met": True}},
+        "peer_pinned": {"trainer": {"per_repeat": [0.89], "median": 0.89},
+                        "bare-hvd": {"per_repeat": [0.91], "median": 0.91}},
+    }
+
+
 @pytest.fixture
 def results():
     """A complete, valid results document (the shape `python -m bench` writes)."""
@@ -23,6 +49,7 @@ def results():
         "sections": {
             "peer_study": {"status": "ok", "comparison": _comparison(), "best": "hvd",
                            "best_ratio_to_ddp": 1.1, "reaches_ddp": {"hvd": True}},
+            "headline": _headline(),
             "recovery": {"status": "failed", "reason": "the local cluster did not come up"},
         },
     }

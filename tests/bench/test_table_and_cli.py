@@ -67,11 +67,16 @@ def test_quick_run_writes_valid_results(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "quick.json").read_text())
     comp = doc["sections"]["peer_study"]["comparison"]
-    assert set(comp["contenders"]) == {"ddp", "hvd-defaults", "hvd-threads1"}
+    assert set(comp["contenders"]) == {"ddp", "ddp-pin", "hvd-defaults", "hvd-threads1-pin-cycle0.5"}
     for c in comp["contenders"].values():
         assert c["samples"][0] > 0 and c["runs"][0]["world_size"] == 2
-    assert comp["contenders"]["hvd-threads1"]["runs"][0]["torch_threads"] == 1
-    assert set(comp["ratios"]) == {"hvd-defaults", "hvd-threads1"}
+    pinned = comp["contenders"]["hvd-threads1-pin-cycle0.5"]["runs"][0]
+    assert pinned["torch_threads"] == 1 and pinned["env"]["HOROVOD_CYCLE_TIME"] == "0.5"
+    # Pinned workers report the core they were given; unpinned ones report none.
+    assert len(pinned["cpus"]) == 1 and len(comp["contenders"]["ddp-pin"]["runs"][0]["cpus"]) == 1
+    assert comp["contenders"]["hvd-defaults"]["runs"][0]["cpus"] is None
+    assert set(comp["ratios"]) == {"ddp-pin", "hvd-defaults", "hvd-threads1-pin-cycle0.5"}
+    assert doc["sections"]["peer_study"]["best"] in STUDY
     assert "[peer_study]" in proc.stdout
     # The real trainer ran with checkpoints to the local S3 store and its window was read from its metrics.
     head = doc["sections"]["headline"]
@@ -89,3 +94,35 @@ def test_readme_section_is_rendered_from_the_results(results):
     assert "`scripts/bench`" in text and "2 cores (Test CPU)" in text
     assert "| hvd | 104 | 1.10× | 1.10, 1.10 |" in text and "| (DDP) | 95 | 1.00× | |" in text
     assert "Not measured in this run: recovery (failed: the local cluster did not come up)" in text
+    # The headline: targets against DDP as torchrun starts it, and like with like against pinned DDP.
+    assert "| trainer / bare Horovod loop | 980 / 1000 | 0.98× | ≥ 0.97: met |" in text
+    assert "| trainer / torch DDP (Gloo) | 980 / 990 | 0.99× | ≥ 1.0: **not met** |" in text
+    pinned_row = "| trainer / DDP pinned like the trainer | 980 / 1100 | 0.89× | like with like; no target |"
+    assert pinned_row in text
+    assert ("the bare Horovod loop with the same settings (1 torch thread per worker, each worker pinned "
+            "to its own core, Horovod cycle time 0.5 ms)") in text
+
+
+def test_table_shows_the_headline_with_pinned_ddp(results):
+    text = table.render(results)
+    assert "bare-hvd / DDP: 1.01x (target >= 1.0: met)" in text
+    assert "trainer / DDP pinned alike: 0.89x" in text
+
+
+def test_bare_loop_settings_are_the_trainers_cpu_defaults():
+    """The headline compares the trainer (run with its own defaults) with a bare loop under PRODUCTION:
+    both must be the same settings, or the efficiency ratio measures the settings, not the trainer."""
+    from bench.sections import PRODUCTION
+    from train.config import parse_args
+    from train.cpu import cpu_threads_per_worker
+    from train.trainer import configure_horovod_env
+
+    defaults = parse_args([])
+    environ: dict[str, str] = {}
+    configure_horovod_env(defaults, on_gpu=False, environ=environ)
+    assert environ == {"HOROVOD_CYCLE_TIME": f"{PRODUCTION.cycle_time_ms:g}"}
+    assert PRODUCTION.pin and defaults.cpu_affinity == "auto"
+    # 2 workers on 2 cores, pinned: each has one core, so one torch thread.
+    assert PRODUCTION.threads == cpu_threads_per_worker(1, 1, {}) == 1
+    assert PRODUCTION.fusion_mb is None and defaults.horovod.fusion_threshold_mb is None
+    assert PRODUCTION.compression == defaults.horovod.compression == "none" and not PRODUCTION.autotune

@@ -39,6 +39,15 @@ def test_trainer_runs_take_the_same_knobs_as_the_bare_loop(tmp_path):
     assert run.env({"AWS_ENDPOINT_URL": "x"}) == {"AWS_ENDPOINT_URL": "x", "OMP_NUM_THREADS": "1"}
     no_ckpt = TrainerRun(shape, HorovodSettings(), 0).trainer_args(tmp_path / "m.jsonl", "r2")
     assert "--checkpoint-dir" not in no_ckpt and "--cycle-time-ms" not in no_ckpt
+    assert no_ckpt[no_ckpt.index("--cpu-affinity") + 1] == "off"  # unpinned settings turn pinning off
+
+
+def test_a_trainer_run_with_its_defaults_gets_no_tuning_flag_or_environment(tmp_path):
+    run = TrainerRun(LoopShape(steps=200, warmup=20), None, 0)
+    args = run.trainer_args(tmp_path / "m.jsonl", "r1")
+    tuning = {"--compression", "--cycle-time-ms", "--fusion-threshold-mb", "--cpu-affinity"}
+    assert not tuning & set(args), args
+    assert run.env({"AWS_ENDPOINT_URL": "x"}) == {"AWS_ENDPOINT_URL": "x"}
 
 
 def test_trainer_run_refuses_windows_off_the_metrics_cadence():
