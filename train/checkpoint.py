@@ -3,7 +3,8 @@
 Layout under the checkpoint URI:
 
     step-000000050/state.pt        torch.save of the training state (model, optimizer, scaler,
-                                   sampler position, every rank's RNG states, counters)
+                                   sampler position, counters; random streams are derived
+                                   per step, see trainer.step_seed)
     step-000000050/manifest.json   {"format": ..., "step": 50, "objects": {"state.pt":
                                    {"sha256": ..., "bytes": ...}}}  -- written LAST
 

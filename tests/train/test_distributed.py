@@ -63,9 +63,7 @@ def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_b
     checkpoints = ckpt.CheckpointStore(open_store(ck_uri, object_store.endpoint_url), keep=2)
     assert checkpoints.valid_steps() == [60, 80]
     found = checkpoints.latest_valid()
-    assert found.step == 80 and found.state["world_size"] == 2 and len(found.state["rng"]) == 2
-    # Every rank's dropout stream is its own.
-    assert not torch.equal(found.state["rng"][0]["torch"], found.state["rng"][1]["torch"])
+    assert found.step == 80 and found.state["world_size"] == 2
     assert metrics_steps(metrics) == [20, 40, 60, 80]
 
 
@@ -106,7 +104,6 @@ def test_sigterm_on_one_worker_stops_all_and_resume_is_bitwise_exact(tmp_path, l
     for pid, st in a["optimizer"]["state"].items():
         assert torch.equal(st["momentum_buffer"], b["optimizer"]["state"][pid]["momentum_buffer"])
     assert a["sampler"] == b["sampler"]
-    assert all(torch.equal(x["torch"], y["torch"]) for x, y in zip(a["rng"], b["rng"], strict=True))
 
 
 def _worker_exit_codes(out: str) -> list[str]:

@@ -6,7 +6,6 @@ import json
 import signal
 
 import pytest
-import torch
 
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.proc import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
@@ -100,9 +99,8 @@ def test_checkpoint_holds_the_whole_state_and_must_fit_the_model(tmp_path):
     r = run(train_cmd("--steps", "3", "--dropout", "0.2", "--width", "8", "--checkpoint-dir", ck))
     assert r.returncode == 0, r.stderr[-3000:]
     state = ckpt.CheckpointStore(open_store(ck), keep=3).latest_valid().state
-    assert set(state) >= {"model", "optimizer", "scaler", "sampler", "rng", "step", "world_size"}
-    assert state["step"] == 3 and len(state["rng"]) == 1
-    assert isinstance(state["rng"][0]["torch"], torch.Tensor)
+    assert set(state) >= {"model", "optimizer", "scaler", "sampler", "step", "world_size"}
+    assert state["step"] == 3 and "rng" not in state  # random streams are derived per step, not saved
     assert state["optimizer"]["state"]  # momentum buffers
     r = run(train_cmd("--steps", "4", "--checkpoint-dir", ck, "--width", "16"))
     assert r.returncode == 2 and "does not fit this model/optimizer" in r.stderr

@@ -12,7 +12,7 @@ from train.cpu import cpu_threads_per_worker
 from train.data import ShardedSampler
 from train.errors import BadInput
 from train.metrics import SUMMARY_KEYS, parse_summary, summary_line
-from train.trainer import lr_at
+from train.trainer import lr_at, step_seed
 
 
 def test_defaults_parse():
@@ -139,3 +139,19 @@ def test_cpu_workers_share_the_cores_unless_omp_num_threads_is_set():
     assert cpu_threads_per_worker(2, 3, {}) == 1      # never zero
     assert cpu_threads_per_worker(16, 1, {}) == 16
     assert cpu_threads_per_worker(16, 4, {"OMP_NUM_THREADS": "2"}) is None  # the user's choice stands
+
+
+def test_each_steps_random_stream_depends_on_seed_rank_and_step_only():
+    import torch
+
+    def draws(seed, rank, step, burn=0):
+        g = torch.Generator()
+        g.manual_seed(12345)
+        torch.rand(burn, generator=g)  # whatever was drawn before (e.g. steps before a resume)
+        g.manual_seed(step_seed(seed, rank, step))
+        return torch.rand(4, generator=g)
+
+    assert torch.equal(draws(1, 0, 7), draws(1, 0, 7, burn=100))  # a resumed run draws the same
+    seeds = {step_seed(seed, rank, step) for seed in (0, 1) for rank in range(4) for step in range(1000)}
+    assert len(seeds) == 2 * 4 * 1000  # every (seed, rank, step) has a stream of its own
+    assert all(0 <= s < 2**63 for s in seeds)
