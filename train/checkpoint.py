@@ -75,9 +75,15 @@ class Found:
 
 
 class CheckpointStore:
+    """Reads list the store afresh; the writing side lists once and then keeps its own record of what
+    is there (one writer per job writes under its URI), so a checkpoint costs two PUTs and, once
+    `keep` are there, one batch DELETE: on a CPU-bound node every request's client work is training
+    time lost (bench/, "checkpoint stall")."""
+
     def __init__(self, store: Store, keep: int):
         self.store = store
         self.keep = keep
+        self._written: dict[int, set[str]] | None = None  # the writer's record: step -> object names
 
     def _steps(self) -> dict[int, set[str]]:
         """step -> names of the objects present in its directory."""
@@ -90,10 +96,15 @@ class CheckpointStore:
         return out
 
     def write(self, step: int, data: bytes) -> None:
+        if self._written is None:
+            self._written = self._steps()
         d = step_dir(step)
-        # A stale manifest from an earlier life of this step would vouch for objects being replaced.
-        self.store.delete(f"{d}/{MANIFEST}")
+        if MANIFEST in self._written.get(step, set()):
+            # A stale manifest from an earlier life of this step would vouch for objects being replaced.
+            self.store.delete(f"{d}/{MANIFEST}")
+        self._written.setdefault(step, set()).discard(MANIFEST)
         self.store.put(f"{d}/{STATE}", data)
+        self._written[step].add(STATE)
         delay = float(os.environ.get(FAULT_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
@@ -104,7 +115,8 @@ class CheckpointStore:
             "objects": {STATE: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}},
         }
         self.store.put(f"{d}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
-        self.prune()
+        self._written[step].add(MANIFEST)
+        self._prune(self._written)
 
     def _verify(self, step: int) -> dict:
         """The step's state, or raise ValueError saying why it is not a valid checkpoint."""
@@ -146,23 +158,20 @@ class CheckpointStore:
         """Steps whose manifest exists (checksums not verified), ascending."""
         return sorted(s for s, names in self._steps().items() if MANIFEST in names)
 
-    def prune(self) -> None:
+    def _prune(self, steps: dict[int, set[str]]) -> None:
         """Keep the newest `keep` complete checkpoints; drop older complete and older partial ones."""
-        steps = self._steps()
         complete = sorted((s for s, names in steps.items() if MANIFEST in names), reverse=True)
         if len(complete) <= self.keep:
             return
         oldest_kept = complete[self.keep - 1]
-        for step in sorted(steps):
-            if step >= oldest_kept:
-                break
-            d = step_dir(step)
-            names = steps[step]
-            # Manifest first: a checkpoint stops being valid before any of its objects disappears.
-            if MANIFEST in names:
-                self.store.delete(f"{d}/{MANIFEST}")
-            for name in sorted(names - {MANIFEST}):
-                self.store.delete(f"{d}/{name}")
+        doomed = [s for s in sorted(steps) if s < oldest_kept]
+        # Manifests first in the batch; and a checkpoint whose objects went first would fail its
+        # check anyway, so a delete cut short never leaves a checkpoint that looks valid but is not.
+        keys = [f"{step_dir(s)}/{MANIFEST}" for s in doomed if MANIFEST in steps[s]]
+        keys += [f"{step_dir(s)}/{name}" for s in doomed for name in sorted(steps[s] - {MANIFEST})]
+        self.store.delete_many(keys)
+        for s in doomed:
+            del steps[s]
 
 
 class BackgroundWriter:

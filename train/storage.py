@@ -51,6 +51,11 @@ class Store:
     def delete(self, key: str) -> None:
         raise NotImplementedError
 
+    def delete_many(self, keys: list[str]) -> None:
+        """Delete the keys (missing ones are fine); stores with a batch delete use one request."""
+        for key in keys:
+            self.delete(key)
+
     def check(self, *, create: bool) -> None:
         """Raise BadInput unless the root is reachable (and, with create, writable)."""
         raise NotImplementedError
@@ -196,6 +201,17 @@ class S3Store(Store):
 
     def delete(self, key: str) -> None:
         self._call(self._client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+    def delete_many(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            chunk = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
+            out = self._call(self._client.delete_objects, Bucket=self.bucket,
+                             Delete={"Objects": chunk, "Quiet": True})
+            errors = out.get("Errors", [])
+            if errors:
+                first = errors[0]
+                raise OSError(f"{self.uri}: could not delete {len(errors)} object(s), e.g. "
+                              f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}")
 
     def check(self, *, create: bool) -> None:
         # head_bucket proves endpoint, credentials and bucket in one request; it never creates the

@@ -95,6 +95,33 @@ def test_newest_valid_checkpoint_wins_and_only_the_last_n_are_kept(checkpoints):
     assert found.step == 30 and torch.equal(found.state["w"], torch.full((3,), 30.0))
 
 
+def test_a_checkpoint_costs_two_puts_and_at_most_one_batch_delete(checkpoints, monkeypatch):
+    """The writer lists once; after that each checkpoint is its two objects and, once `keep` are
+    there, one delete_many of the oldest (every request is client CPU on the training node)."""
+    checkpoints.store.put("step-000000005/state.pt", b"a leftover from a killed run")
+    calls = []
+    for name in ("put", "list", "delete", "delete_many"):
+        real = getattr(checkpoints.store, name)
+        monkeypatch.setattr(checkpoints.store, name,
+                            lambda *a, _name=name, _real=real: (calls.append((_name, a[0] if a else "")),
+                                                                _real(*a))[1])
+    checkpoints.write(10, ckpt.serialize(_state(10)))
+    assert [c[0] for c in calls] == ["list", "put", "put"]
+    calls.clear()
+    for step in (20, 30):
+        checkpoints.write(step, ckpt.serialize(_state(step)))
+    names = [c[0] for c in calls]
+    assert names[:5] == ["put", "put", "put", "put", "delete_many"]
+    assert set(names[5:]) <= {"delete"}  # a local directory's delete_many deletes file by file
+    assert checkpoints.valid_steps() == [20, 30]
+    # The leftover (older than every kept checkpoint) went with checkpoint 10, manifests first.
+    assert not any(k.startswith(("step-000000005/", "step-000000010/")) for k in checkpoints.store.list())
+    calls.clear()
+    checkpoints.write(30, ckpt.serialize(_state(30)))  # the same step again (a resumed run's redo)
+    assert [c[0] for c in calls][:2] == ["delete", "put"]  # its old manifest goes first
+    assert checkpoints.latest_valid().step == 30
+
+
 def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints):
     checkpoints.write(10, ckpt.serialize(_state(10)))
     checkpoints.write(20, ckpt.serialize(_state(20)))
