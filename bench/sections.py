@@ -74,7 +74,7 @@ FULL = Plan(
     repeats=3, headline_repeats=5, study_shape=LoopShape(steps=100, warmup=20, width=64),
     shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
     stall_widths=(256, 1024, 2048), stall_shape=LoopShape(steps=125, warmup=25, model="mlp"),
-    stall_every=25, stall_repeats=2,
+    stall_every=25, stall_repeats=3,
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
 )
@@ -144,47 +144,69 @@ def headline_section(plan: Plan, progress: Progress) -> dict:
 
 def stall_section(plan: Plan, progress: Progress) -> dict:
     """Checkpoint stall: per model size, the trainer checkpointing every K steps to the local S3 store
-    with per-step metrics; time lost per checkpoint from the steps that follow each checkpoint
-    (trainer_run.stall_estimate), compared with one step's time."""
+    and the same trainer with no checkpoints, interleaved; training time lost per checkpoint is the
+    difference of their timed windows over the checkpoints inside the window (the median over
+    repeats). The checkpointing runs' per-step metrics also give the first step after a checkpoint,
+    what the training thread itself pays (trainer_run.stall_estimate)."""
     every = plan.stall_every
-    total = plan.stall_shape.warmup + plan.stall_shape.steps
-    # The first checkpoint after warmup is the first upload (connection set-up): measured from the second.
-    measured = list(range(2 * every, total - every + 1, every))
-    if not measured:
+    shape0 = plan.stall_shape
+    in_window = checkpoints_in_window(shape0.warmup, shape0.warmup + shape0.steps, every)
+    total = shape0.warmup + shape0.steps
+    # The first checkpoint after warmup is the first upload (connection set-up): profiled from the second.
+    profiled = list(range(2 * every, total - every + 1, every))
+    if not profiled:
         raise ValueError(f"stall plan: no checkpoint with {every} steps after it in {total} steps")
     sizes = []
     with object_store() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         client = store.client()
         for width in plan.stall_widths:
-            shape = replace(plan.stall_shape, width=width)
-            run = TrainerRun(shape, TRAINER_DEFAULTS, every, store.endpoint_url, STORE_BUCKET, log_every=1)
-            durations, rates, ckpt_bytes = [], [], None
+            shape = replace(shape0, width=width)
+            runs = {
+                "checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, every, store.endpoint_url, STORE_BUCKET,
+                                          log_every=1),
+                "no-checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, 0, log_every=1),
+            }
+            records: dict[str, list[dict]] = {name: [] for name in runs}
             for rep in range(plan.stall_repeats):
-                record = run.run(f"stall-w{width}", Path(tmp), store.env(), plan.timeout_s)
-                durations.append(step_durations(record["records"]))
-                rates.append(record["samples_per_sec"])
-                ckpt_bytes = checkpoint_bytes(client, STORE_BUCKET, record["run_id"])
-                progress(f"checkpoint stall: mlp width {width} repeat {rep + 1}: "
-                         f"{record['checkpoints_written']} checkpoints of {ckpt_bytes / 1e6:.1f} MB")
+                for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+                    records[name].append(runs[name].run(f"stall-w{width}-{name}", Path(tmp), store.env(),
+                                                        plan.timeout_s))
+            ckpt_bytes = checkpoint_bytes(client, STORE_BUCKET, records["checkpoints"][-1]["run_id"])
+            lost = [(a["window_s"] - b["window_s"]) / in_window
+                    for a, b in zip(records["checkpoints"], records["no-checkpoints"], strict=True)]
             try:
-                est = stall_estimate(durations, measured, every)
+                profile = stall_estimate([step_durations(r["records"]) for r in records["checkpoints"]],
+                                         profiled, every)
             except ValueError as e:
                 raise BenchError(f"checkpoint stall, width {width}: {e}") from None
+            step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
+            lost_median = median(lost)
+            progress(f"checkpoint stall: mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
+                     f"lost per checkpoint {[round(x * 1e3, 1) for x in lost]} ms")
             sizes.append({
-                "model": "mlp", "width": width, "checkpoint_bytes": ckpt_bytes, **est,
-                "lost_in_steps": est["lost_per_checkpoint_s"] / est["baseline_step_s"],
-                "below_one_step": est["lost_per_checkpoint_s"] < est["baseline_step_s"],
-                "samples_per_sec": rates,
-                # raw samples: every run's per-step durations, as [step, seconds]
-                "step_durations_s": [[[k, round(d, 6)] for k, d in sorted(run.items())] for run in durations],
+                "model": "mlp", "width": width, "checkpoint_bytes": ckpt_bytes,
+                "baseline_step_s": step_s,
+                "lost_per_checkpoint_s": lost_median,
+                "lost_per_checkpoint_per_repeat_s": lost,
+                "lost_in_steps": lost_median / step_s,
+                "below_one_step": lost_median < step_s,
+                "first_step_excess_s": profile["first_step_excess_s"],
+                "excess_by_position_s": profile["excess_by_position_s"],
+                "window_s": {name: [r["window_s"] for r in rs] for name, rs in records.items()},
+                # raw samples: the checkpointing runs' per-step durations, as [step, seconds]
+                "step_durations_s": [
+                    [[k, round(d, 6)] for k, d in sorted(step_durations(r["records"]).items())]
+                    for r in records["checkpoints"]],
             })
-    return {"status": "ok", "every": every, "measured_after_steps": measured, "store_nice": STORE_NICE,
-            "repeats": plan.stall_repeats, "sizes": sizes,
-            "method": "per-step metrics (--log-every 1); for the k-th step after a checkpoint, the median "
-                      "duration over all measured checkpoints of all repeats; loss = sum of those medians' "
-                      "excess over the baseline step (median of the last quarter of steps before the next "
-                      "checkpoint). The background upload competes for the same 2 cores as training, "
-                      "and so does the moto server, so its CPU cost shows up as lost training time here."}
+    return {"status": "ok", "every": every, "checkpoints_in_window": in_window,
+            "profiled_after_steps": profiled, "store_nice": STORE_NICE, "repeats": plan.stall_repeats,
+            "sizes": sizes,
+            "method": "the trainer with and without checkpoints, interleaved, same window (steps "
+                      f"{shape0.warmup}..{total}); lost per checkpoint = (window with - window without) / "
+                      "checkpoints in the window, median over repeats; one step = the run without "
+                      "checkpoints' window / steps. The background upload and the moto S3 server share "
+                      "the same cores as training here (on AWS, S3's side runs elsewhere), so their CPU "
+                      "shows up as lost training time."}
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:
