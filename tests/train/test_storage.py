@@ -195,3 +195,10 @@ def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):
     assert data_mod.main(["generate", "--out", str(tmp_path / "x"), "--shards", "0"]) == 2
     assert "--shards 0 --samples-per-shard 1024: both must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # nothing half-created
+
+
+def test_uploads_skip_botocores_extra_checksum_pass():
+    """Checkpoints are verified by their manifest's sha256; botocore's default CRC32 over every PUT
+    would be one more pass over the bytes on the training node."""
+    store = open_store("s3://some-bucket/ck", "http://127.0.0.1:9")
+    assert store._client.meta.config.request_checksum_calculation == "when_required"
