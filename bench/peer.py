@@ -22,6 +22,7 @@ class HorovodSettings:
     autotune: bool = False              # HOROVOD_AUTOTUNE
     compression: str = "none"           # none | fp16
     pin: bool = False                   # workers pinned to their share of the cores (train/cpu.py)
+    groups: int = 0                     # DistributedOptimizer(groups=...); 0: one allreduce per gradient
 
     def env(self) -> dict[str, str]:
         env = {}
@@ -37,7 +38,8 @@ class HorovodSettings:
 
     def args(self) -> list[str]:
         pin = ["--pin"] if self.pin else []
-        return ["--threads", str(self.threads), "--compression", self.compression, *pin]
+        return ["--threads", str(self.threads), "--compression", self.compression,
+                "--groups", str(self.groups), *pin]
 
 
 # One factor at a time: Horovod's defaults, then one thread per worker (what torchrun gives DDP),
@@ -54,6 +56,7 @@ STUDY: dict[str, HorovodSettings] = {
     "hvd-threads1-pin-fusion0": HorovodSettings(threads=1, pin=True, fusion_mb=0),
     "hvd-threads1-pin-autotune": HorovodSettings(threads=1, pin=True, autotune=True),
     "hvd-threads1-pin-fp16": HorovodSettings(threads=1, pin=True, compression="fp16"),
+    "hvd-threads1-pin-cycle0.5-groups1": HorovodSettings(threads=1, pin=True, cycle_time_ms=0.5, groups=1),
 }
 
 

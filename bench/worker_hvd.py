@@ -28,7 +28,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9)
     compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression, groups=args.groups or None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     x, y = batch(args.seed, hvd.rank(), args.batch_size)
@@ -45,6 +45,7 @@ def main() -> None:
     report(hvd.rank(), hvd.size(), args.batch_size, times, window, {
         "framework": "horovod",
         "compression": args.compression,
+        "groups": args.groups,
         "cpus": cpus,
         "env": {k: os.environ[k] for k in _TUNING_ENV if k in os.environ},
     })

@@ -26,6 +26,9 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=32, help="channels (cnn) or hidden units (mlp)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: leave as is)")
     p.add_argument("--compression", choices=["none", "fp16"], default="none", help="Horovod only")
+    p.add_argument("--groups", type=int, default=0,
+                   help="Horovod only: DistributedOptimizer(groups=N): gradients allreduced in N "
+                   "explicit groups (0: one allreduce per gradient, fused per cycle)")
     p.add_argument("--pin", action="store_true",
                    help="pin each worker's threads to its share of the cores, as the trainer does")
     p.add_argument("--seed", type=int, default=0)
@@ -33,8 +36,8 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "width"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0 or args.threads < 0:
-        p.error("--warmup and --threads must be >= 0")
+    if args.warmup < 0 or args.threads < 0 or args.groups < 0:
+        p.error("--warmup, --threads and --groups must be >= 0")
     return args
 
 

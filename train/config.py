@@ -50,6 +50,7 @@ class HorovodConfig:
     adasum: bool = False
     fusion_threshold_mb: float | None = None  # None: Horovod's default (HOROVOD_FUSION_THRESHOLD)
     cycle_time_ms: float | None = None  # None: $HOROVOD_CYCLE_TIME, else 0.5 ms on CPU, Horovod's 1 ms on GPU
+    gradient_groups: int | None = None  # None: 1 on CPU workers, 0 (per-gradient) on GPU, elastic, Adasum
     elastic: bool = False
 
 
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cycle-time-ms", type=float, default=None,
                    help="Horovod's cycle time (default: $HOROVOD_CYCLE_TIME, else 0.5 on CPU workers, "
                         "Horovod's own 1 on GPUs)")
+    p.add_argument("--gradient-groups", type=int, default=None,
+                   help="allreduce the gradients in N groups, each sent once all its gradients are ready "
+                        "(Horovod's groups); 0: each gradient as soon as it is ready, fused per cycle "
+                        "(Horovod's default). Default: 1 on CPU workers, 0 on GPUs and with --elastic "
+                        "or --adasum")
     p.add_argument("--cpu-affinity", choices=CPU_AFFINITIES, default="auto",
                    help="auto: pin each CPU worker's threads to its share of the host's cores (GPU workers "
                         "are never pinned); off: leave placement to the OS")
@@ -151,7 +157,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                           clip_grad_norm=a.clip_grad_norm),
         horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
                               adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
-                              cycle_time_ms=a.cycle_time_ms, elastic=a.elastic),
+                              cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
+                              elastic=a.elastic),
         checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
                               log_every=a.log_every, progress=not a.no_progress),
@@ -182,6 +189,17 @@ def validate(cfg: TrainConfig) -> None:
          f"--fusion-threshold-mb {cfg.horovod.fusion_threshold_mb}: must be >= 0")
     need(cfg.horovod.cycle_time_ms is None or cfg.horovod.cycle_time_ms > 0,
          f"--cycle-time-ms {cfg.horovod.cycle_time_ms}: must be > 0")
+    groups = cfg.horovod.gradient_groups
+    need(groups is None or groups >= 0, f"--gradient-groups {groups}: must be >= 0 (0: per gradient)")
+    grouped = groups is not None and groups > 0
+    # Horovod forms the groups with a collective inside the optimizer's constructor, which a worker
+    # joining an elastic job would make alone; its Adasum optimizer reduces each parameter on its own.
+    need(not (grouped and cfg.horovod.elastic),
+         f"--gradient-groups {groups} with --elastic: a joining worker cannot form groups with the "
+         "running ones; use --gradient-groups 0 or leave it out")
+    need(not (grouped and cfg.horovod.adasum),
+         f"--gradient-groups {groups} with --adasum: Horovod's Adasum optimizer reduces each parameter "
+         "on its own; use --gradient-groups 0 or leave it out")
     need(not (cfg.horovod.adasum and cfg.horovod.compression != "none"),
          "--adasum with --compression fp16: Horovod's Adasum path takes uncompressed gradients; pick one")
     # Horovod's Adasum optimizer (2+ workers) applies each parameter's update inside the backward pass

@@ -11,7 +11,7 @@ from train.errors import BadInput
 SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
 SUMMARY_KEYS = (
     "steps", "final_loss", "initial_loss", "samples_per_sec", "resumed_from_step",
-    "checkpoints_written", "world_size", "interrupted", "elastic_resets", "cpu_affinity",
+    "checkpoints_written", "world_size", "interrupted", "elastic_resets", "cpu_affinity", "gradient_groups",
 )
 
 

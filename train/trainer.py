@@ -21,7 +21,7 @@ from cluster.job import EXIT_INTERRUPTED_RESUMABLE
 from train import checkpoint as ckpt
 from train import data as data_mod
 from train.config import TrainConfig
-from train.cpu import CPU_CYCLE_TIME_MS, cpu_threads_per_worker, pin_worker
+from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
 from train.model import build_model
@@ -82,6 +82,18 @@ def step_seed(seed: int, rank: int, step: int) -> int:
     and every rank draws its own dropout masks.
     """
     return ((seed * 1_000_003 + 7919 * (rank + 1)) * 1_000_033 + step) % (1 << 63)
+
+
+def gradient_groups(cfg: TrainConfig, on_gpu: bool) -> int:
+    """The groups DistributedOptimizer reduces the gradients in; 0: one allreduce per gradient.
+
+    GPUs keep Horovod's way, which overlaps each gradient's reduction with the rest of the backward
+    pass; elastic mode and Adasum cannot use groups (config.validate says why)."""
+    if cfg.horovod.gradient_groups is not None:
+        return cfg.horovod.gradient_groups
+    if on_gpu or cfg.horovod.elastic or cfg.horovod.adasum:
+        return 0
+    return CPU_GRADIENT_GROUPS
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
@@ -178,14 +190,15 @@ class Trainer:
         named = list(self.model.named_parameters())
         groups = [{"params": [p for _, p in named]}]
         # The step's stop vote and loss ride in the gradient allreduce: a two-element "parameter",
-        # outside the model and the autograd graph, whose gradient is set to [this rank's stop flag,
-        # its loss]. DistributedOptimizer allreduces it with the gradients (a parameter no backward
-        # pass reached is reduced in synchronize()), so the averaged "gradient" is [the fraction of
-        # ranks asked to stop, the mean loss]: eight bytes next to the gradients instead of
-        # collectives of their own (a stop allreduce per step cost 20-25% of a 1 ms CPU step here; a
-        # loss allreduce per logged step about 1%). It is never updated (lr 0, and its gradient is
-        # cleared before the optimizer steps). Adasum does not average, so there it is a separate
-        # allreduce. With --compression fp16 the loss is averaged in fp16 too (3 significant digits).
+        # outside the model, added to each backward pass's objective as step_stats . [stop flag / k,
+        # loss], which is zero (step_stats stays zero) and whose gradient is [the stop flag, the
+        # step's loss]. So the backward pass hands it to DistributedOptimizer like any gradient, in
+        # the same group, and the averaged "gradient" is [the fraction of ranks asked to stop, the
+        # mean loss]: eight bytes next to the gradients instead of collectives of their own (a stop
+        # allreduce per step cost 20-25% of a 1 ms CPU step here; a loss allreduce per logged step
+        # about 1%). It is never updated (lr 0, and its gradient is cleared before the optimizer
+        # steps). Adasum does not average, so there it is a separate allreduce. With --compression
+        # fp16 the loss is averaged in fp16 too (3 significant digits).
         self.stats_in_gradients = not cfg.horovod.adasum
         # With 2+ workers Horovod's Adasum optimizer is a different kind: it runs the wrapped
         # optimizer per parameter inside backward and reduces the updates, which step() then applies
@@ -200,12 +213,14 @@ class Trainer:
         else:
             base = torch.optim.Adam(groups, lr=cfg.optim.lr)
         compression = hvd.Compression.fp16 if cfg.horovod.compression == "fp16" else hvd.Compression.none
+        self.gradient_groups = gradient_groups(cfg, self.on_gpu)
         self.optimizer = hvd.DistributedOptimizer(
             base,
             named_parameters=named,
             compression=compression,
             backward_passes_per_step=cfg.horovod.backward_passes_per_step,
             op=hvd.Adasum if cfg.horovod.adasum else hvd.Average,
+            groups=self.gradient_groups or None,
         )
         self.amp_dtype = autocast_dtype(cfg.precision)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
@@ -275,12 +290,16 @@ class Trainer:
             with self.autocast():
                 loss = F.cross_entropy(self.model(x), y)
             scaled = loss / k if k > 1 else loss
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            objective = self.scaler.scale(scaled) if self.scaler is not None else scaled
+            if self.stats_in_gradients:
+                # Added after loss scaling, so the stats' gradient is not scaled (see build()).
+                stats = torch.stack((torch.full((), stop_flag / k, device=self.device),
+                                     scaled.detach().float()))
+                objective = objective + torch.dot(self.step_stats, stats)
+            objective.backward()
             step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
-        stats = torch.cat((torch.full((1,), stop_flag, device=self.device), step_loss.float().reshape(1)))
-        if self.stats_in_gradients:
-            self.step_stats.grad = stats
-        else:
+        if not self.stats_in_gradients:
+            stats = torch.stack((torch.full((), stop_flag, device=self.device), step_loss.float()))
             handle = hvd.allreduce_async_(stats, op=hvd.Average, name="ringtrain.step_stats")
         if self.adasum_updates:
             opt.step()  # waits for the Adasum-reduced updates and applies them
@@ -406,6 +425,7 @@ class Trainer:
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,
             "cpu_affinity": list(self.cpus) if self.cpus else None,
+            "gradient_groups": self.gradient_groups,
         }
         if hvd.rank() == 0 and not self.summary_printed:
             if self._log is not None:

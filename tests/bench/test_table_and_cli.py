@@ -115,7 +115,7 @@ def test_bare_loop_settings_are_the_trainers_cpu_defaults():
     from bench.sections import PRODUCTION
     from train.config import parse_args
     from train.cpu import cpu_threads_per_worker
-    from train.trainer import configure_horovod_env
+    from train.trainer import configure_horovod_env, gradient_groups
 
     defaults = parse_args([])
     environ: dict[str, str] = {}
@@ -126,3 +126,4 @@ def test_bare_loop_settings_are_the_trainers_cpu_defaults():
     assert PRODUCTION.threads == cpu_threads_per_worker(1, 1, {}) == 1
     assert PRODUCTION.fusion_mb is None and defaults.horovod.fusion_threshold_mb is None
     assert PRODUCTION.compression == defaults.horovod.compression == "none" and not PRODUCTION.autotune
+    assert PRODUCTION.groups == gradient_groups(defaults, on_gpu=False) == 1

@@ -17,6 +17,7 @@ import torch
 
 from cluster.job import cpu_share
 from cluster.local.objectstore import LOCAL_CREDENTIALS
+from tests.train.allreduce_probe import PROBE_PREFIX
 from tests.train.proc import (
     VENV_BIN,
     finish,
@@ -229,6 +230,34 @@ def test_reported_loss_is_the_mean_over_ranks():
                   for x, y in (data_mod.synthetic_batch(seed, r, batch) for r in (0, 1))]
     assert abs(losses[0] - losses[1]) > 1e-3  # the ranks' losses differ, so the mean is informative
     assert parse_summary(proc.stdout)["initial_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
+
+
+def _probe(*args: str) -> dict:
+    cmd = horovodrun_cmd(2, *args)
+    cmd[cmd.index("train")] = "tests.train.allreduce_probe"
+    cmd.remove("--no-progress")
+    r = run(cmd)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if PROBE_PREFIX in ln]
+    assert len(lines) == 1, r.stdout[-3000:]
+    return json.loads(lines[0].split(PROBE_PREFIX, 1)[1])
+
+
+def test_cpu_workers_reduce_each_step_in_one_grouped_allreduce_with_the_step_stats():
+    """On CPU workers the gradients and the step's stats (stop vote, loss) go in one grouped allreduce
+    per step (bench/: faster than one per gradient); --gradient-groups 0 restores Horovod's way. Both
+    report the same loss and stop vote, also with two backward passes per step."""
+    grouped = _probe()
+    n = grouped["model_parameters"] + 1  # the model's gradients and the step's stats
+    assert [(s["grouped"], s["single"]) for s in grouped["steps"]] == [([n], 0), ([n], 0)]
+    per_gradient = _probe("--gradient-groups", "0")
+    assert [(s["grouped"], s["single"]) for s in per_gradient["steps"]] == [([], n), ([], n)]
+    two_passes = _probe("--backward-passes-per-step", "2")
+    assert [(s["grouped"], s["single"]) for s in two_passes["steps"]] == [([n], 0), ([n], 0)]
+    for probe in (grouped, per_gradient, two_passes):
+        first, second = probe["steps"]
+        assert (first["stop"], second["stop"]) == (0.0, 0.5)  # one of the two ranks asked to stop
+        assert first["loss"] == pytest.approx(grouped["steps"][0]["loss"], rel=1e-6) and first["loss"] > 0
 
 
 def test_adasum_on_gloo_with_two_workers_is_one_clear_error():

@@ -49,6 +49,9 @@ def test_endpoint_defaults_to_aws_endpoint_url(monkeypatch):
     (["--adasum", "--clip-grad-norm", "1"], "--adasum with --clip-grad-norm"),
     (["--adasum", "--precision", "fp16"], "--adasum with --precision fp16"),
     (["--s3-endpoint-url", "127.0.0.1:9000"], "must start with http:// or https://"),
+    (["--gradient-groups", "-1"], "--gradient-groups -1: must be >= 0 (0: per gradient)"),
+    (["--gradient-groups", "2", "--elastic"], "--gradient-groups 2 with --elastic: a joining worker"),
+    (["--gradient-groups", "1", "--adasum"], "--gradient-groups 1 with --adasum"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_arguments_name_the_problem(argv, says):
@@ -124,6 +127,18 @@ def test_fusion_threshold_and_cycle_time_reach_horovods_environment():
     configure_horovod_env(parse_args(["--fusion-threshold-mb", "32", "--cycle-time-ms", "0.25"]),
                           on_gpu=False, environ=env)
     assert env == {"HOROVOD_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "0.25"}
+
+
+def test_gradient_groups_default_to_one_on_cpu_workers_only():
+    from train.trainer import gradient_groups
+
+    assert gradient_groups(parse_args([]), on_gpu=False) == 1  # the CPU default the benchmarks chose
+    assert gradient_groups(parse_args([]), on_gpu=True) == 0  # GPUs overlap reduction with backward
+    assert gradient_groups(parse_args(["--elastic"]), on_gpu=False) == 0
+    assert gradient_groups(parse_args(["--adasum"]), on_gpu=False) == 0
+    assert gradient_groups(parse_args(["--gradient-groups", "0"]), on_gpu=False) == 0
+    assert gradient_groups(parse_args(["--gradient-groups", "3"]), on_gpu=True) == 3
+    assert gradient_groups(parse_args(["--gradient-groups", "0", "--elastic"]), on_gpu=False) == 0
 
 
 def test_cpu_affinity_flag():
