@@ -211,3 +211,20 @@ def test_uploads_make_no_extra_pass_over_the_bytes(s3_env, s3_bucket):
     assert headers["x-amz-content-sha256"] in ("UNSIGNED-PAYLOAD", b"UNSIGNED-PAYLOAD")
     assert not any(k.startswith("x-amz-checksum-") or k == "x-amz-sdk-checksum-algorithm" for k in headers)
     assert "authorization" in headers
+
+
+def test_serialization_skips_the_zip_crc_pass_and_leaves_torch_config_alone():
+    """The manifest's sha256 checks the whole state.pt, so torch.save's per-record CRC32 is one pass
+    over the bytes too many; the setting is only changed for our own save."""
+    import io
+    import zipfile
+
+    import torch.utils.serialization as torch_serialization
+
+    state = {"w": torch.arange(1000.0), "step": 3}
+    data = ckpt.serialize(state)
+    records = {i.filename.split("/", 1)[1]: i.CRC for i in zipfile.ZipFile(io.BytesIO(data)).infolist()}
+    assert records["data/0"] == 0  # with the CRC pass it is the record's CRC32, never 0 for this tensor
+    loaded = ckpt.deserialize(data)
+    assert loaded["step"] == 3 and torch.equal(loaded["w"], state["w"])
+    assert torch_serialization.config.save.compute_crc32 is True
