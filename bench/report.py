@@ -25,6 +25,8 @@ def _settings(cfg: dict) -> str:
         words.append("each worker pinned to its own core")
     if cfg.get("cycle_time_ms") is not None:
         words.append(f"Horovod cycle time {cfg['cycle_time_ms']:g} ms")
+    if cfg.get("groups"):
+        words.append(f"gradients allreduced in {cfg['groups']} group{'s' if cfg['groups'] != 1 else ''}")
     return ", ".join(words)
 
 
@@ -83,7 +85,8 @@ def markdown(r: dict) -> str:
             f"**Horovod tuning study** (bare loops, {shape.get('steps', '?')} timed steps, "
             f"{comp['repeats']} repeats; "
             "each Horovod setting's ratio to DDP as torchrun starts it, i.e. one torch thread per worker "
-            "and no pinning; `pin`: each worker's threads pinned to a core of its own):",
+            "and no pinning; `pin`: each worker's threads pinned to a core of its own; `groups1`: "
+            "DistributedOptimizer(groups=1), one allreduce of all gradients per step):",
             "",
             "| contender | median samples/s | ratio to DDP | per repeat |",
             "|---|---:|---:|---|",
@@ -101,16 +104,19 @@ def markdown(r: dict) -> str:
             f"**Checkpoint stall** (trainer, MLP of growing width, checkpoint every {ck['every']} steps "
             f"to the local S3 store vs the same trainer without checkpoints, interleaved, {ck['repeats']} "
             "repeats; training time lost per checkpoint = the difference of the timed windows over the "
-            "checkpoints inside it, target below one step; the moto server and the upload share the 2 "
-            "cores with training):",
+            "checkpoints inside it, target below one step. With 2 workers on the 2 cores, the upload and "
+            "the moto server can only take their CPU from training; with 1 worker of 1 thread there is a "
+            "core to spare, as on a GPU node, and what is left is what the training process itself "
+            "pays):",
             "",
-            "| checkpoint | one step | first step after it | lost per checkpoint | in steps | per repeat |",
-            "|---:|---:|---:|---:|---:|---|",
+            "| layout | checkpoint | one step | first step after it | lost per checkpoint | in steps "
+            "| per repeat |",
+            "|---|---:|---:|---:|---:|---:|---|",
         ]
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.0f}" for x in z.get("lost_per_checkpoint_per_repeat_s", []))
-            out.append(f"| {z['checkpoint_bytes'] / 1e6:.1f} MB | {z['baseline_step_s'] * 1e3:.1f} ms | "
-                       f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
+            out.append(f"| {z.get('layout', '')} | {z['checkpoint_bytes'] / 1e6:.1f} MB | "
+                       f"{z['baseline_step_s'] * 1e3:.1f} ms | +{z['first_step_excess_s'] * 1e3:.1f} ms | "
                        f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} | {per} ms |")
         out.append("")
     rc = s.get("recovery", {})

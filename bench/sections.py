@@ -49,6 +49,22 @@ def object_store():
 
 
 @dataclass(frozen=True)
+class StallLayout:
+    """Where a checkpoint's CPU work (snapshot, serialization, upload) can run: on a node whose cores
+    training fills, it takes cycles from training; with a core to spare, as on GPU nodes, whose cores
+    mostly wait on the GPUs, only what the training process itself pays (the snapshot, its share of
+    the Python interpreter lock) is left."""
+
+    name: str
+    workers: int
+    env: tuple[tuple[str, str], ...] = ()
+
+
+SATURATED = StallLayout("2 workers on 2 cores", workers=2)
+SPARE_CORE = StallLayout("1 worker, 1 thread, 2 cores", workers=1, env=(("OMP_NUM_THREADS", "1"),))
+
+
+@dataclass(frozen=True)
 class Plan:
     """How big each section is: the full run and --quick differ only here."""
 
@@ -62,6 +78,7 @@ class Plan:
     stall_shape: LoopShape
     stall_every: int
     stall_repeats: int
+    stall_layouts: tuple[StallLayout, ...]
     recovery_steps: int
     recovery_reclaim_at: int
     recovery_checkpoint_every: int
@@ -74,7 +91,7 @@ FULL = Plan(
     repeats=3, headline_repeats=5, study_shape=LoopShape(steps=100, warmup=20, width=64),
     shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
     stall_widths=(256, 1024, 2048), stall_shape=LoopShape(steps=125, warmup=25, model="mlp"),
-    stall_every=25, stall_repeats=3,
+    stall_every=25, stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE),
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
 )
@@ -83,7 +100,7 @@ QUICK = Plan(
     shape=LoopShape(steps=30, warmup=10, width=16),
     study=("hvd-defaults", "hvd-threads1-pin-cycle0.5"), checkpoint_every=10,
     stall_widths=(256,), stall_shape=LoopShape(steps=24, warmup=8, model="mlp"), stall_every=8,
-    stall_repeats=1,
+    stall_repeats=1, stall_layouts=(SATURATED,),
     recovery_steps=40, recovery_reclaim_at=15, recovery_checkpoint_every=10,
     plan_runs=1, plan_cold_runs=1, timeout_s=180,
 )
@@ -159,8 +176,10 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
     sizes = []
     with object_store() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         client = store.client()
-        for width in plan.stall_widths:
-            shape = replace(shape0, width=width)
+        for layout, width in ((lay, w) for lay in plan.stall_layouts for w in plan.stall_widths):
+            shape = replace(shape0, width=width, workers=layout.workers)
+            env = {**store.env(), **dict(layout.env)}
+            tag = f"w{width}-np{layout.workers}"
             runs = {
                 "checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, every, store.endpoint_url, STORE_BUCKET,
                                           log_every=1),
@@ -169,7 +188,7 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             records: dict[str, list[dict]] = {name: [] for name in runs}
             for rep in range(plan.stall_repeats):
                 for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                    records[name].append(runs[name].run(f"stall-w{width}-{name}", Path(tmp), store.env(),
+                    records[name].append(runs[name].run(f"stall-{tag}-{name}", Path(tmp), env,
                                                         plan.timeout_s))
             ckpt_bytes = checkpoint_bytes(client, STORE_BUCKET, records["checkpoints"][-1]["run_id"])
             lost = [(a["window_s"] - b["window_s"]) / in_window
@@ -178,12 +197,13 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 profile = stall_estimate([step_durations(r["records"]) for r in records["checkpoints"]],
                                          profiled, every)
             except ValueError as e:
-                raise BenchError(f"checkpoint stall, width {width}: {e}") from None
+                raise BenchError(f"checkpoint stall, {layout.name}, width {width}: {e}") from None
             step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
             lost_median = median(lost)
-            progress(f"checkpoint stall: mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
+            progress(f"checkpoint stall: {layout.name}, mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
                      f"lost per checkpoint {[round(x * 1e3, 1) for x in lost]} ms")
             sizes.append({
+                "layout": layout.name, "workers": layout.workers, "env": dict(layout.env),
                 "model": "mlp", "width": width, "checkpoint_bytes": ckpt_bytes,
                 "baseline_step_s": step_s,
                 "lost_per_checkpoint_s": lost_median,
@@ -205,8 +225,9 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                       f"{shape0.warmup}..{total}); lost per checkpoint = (window with - window without) / "
                       "checkpoints in the window, median over repeats; one step = the run without "
                       "checkpoints' window / steps. The background upload and the moto S3 server share "
-                      "the same cores as training here (on AWS, S3's side runs elsewhere), so their CPU "
-                      "shows up as lost training time."}
+                      "the same cores as training here (on AWS, S3's side runs elsewhere), so with the "
+                      "cores full their CPU shows up as lost training time; the spare-core layout shows "
+                      "what is left when it has a core to run on."}
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:

@@ -58,10 +58,11 @@ def _headline(s: dict) -> list[str]:
 
 
 def _stall(s: dict) -> list[str]:
-    rows = [f"  {'model':12} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} {'lost/ckpt ms':>13} "
-            f"{'in steps':>9}  (checkpoint every {s['every']} steps)"]
+    rows = [f"  {'layout':28} {'model':10} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} "
+            f"{'lost/ckpt ms':>13} {'in steps':>9}  (checkpoint every {s['every']} steps)"]
     for z in s["sizes"]:
-        rows.append(f"  {z['model'] + ' w' + str(z['width']):12} {z['checkpoint_bytes'] / 1e6:>14.1f} "
+        rows.append(f"  {z.get('layout', ''):28} {z['model'] + ' w' + str(z['width']):10} "
+                    f"{z['checkpoint_bytes'] / 1e6:>14.1f} "
                     f"{z['baseline_step_s'] * 1e3:>9.1f} {z['first_step_excess_s'] * 1e3:>13.1f} "
                     f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {z['lost_in_steps']:>9.2f}  "
                     f"{'< 1 step' if z['below_one_step'] else '>= 1 step'}")

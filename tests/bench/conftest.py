@@ -23,7 +23,8 @@ def _headline():
             "order": ["trainer", "bare-hvd", "ddp", "ddp-pin"],
             "contenders": {
                 "trainer": contender(980.0, {"checkpoint_every": 50, "checkpoints_in_window": 4, **shape}),
-                "bare-hvd": contender(1000.0, {"threads": 1, "pin": True, "cycle_time_ms": 0.5, **shape}),
+                "bare-hvd": contender(1000.0, {"threads": 1, "pin": True, "cycle_time_ms": 0.5, "groups": 1,
+                                                **shape}),
                 "ddp": contender(990.0, shape),
                 "ddp-pin": contender(1100.0, {"pin": True, **shape}),
             },

@@ -100,7 +100,28 @@ def test_readme_section_is_rendered_from_the_results(results):
     pinned_row = "| trainer / DDP pinned like the trainer | 980 / 1100 | 0.89× | like with like; no target |"
     assert pinned_row in text
     assert ("the bare Horovod loop with the same settings (1 torch thread per worker, each worker pinned "
-            "to its own core, Horovod cycle time 0.5 ms)") in text
+            "to its own core, Horovod cycle time 0.5 ms, gradients allreduced in 1 group)") in text
+
+
+def test_stall_rows_name_their_layout(results):
+    from bench.report import markdown
+
+    def size(layout, step_s, lost_s):
+        return {"layout": layout, "workers": 1, "model": "mlp", "width": 256, "checkpoint_bytes": 700_000,
+                "baseline_step_s": step_s, "first_step_excess_s": 0.002, "lost_per_checkpoint_s": lost_s,
+                "lost_per_checkpoint_per_repeat_s": [lost_s], "lost_in_steps": lost_s / step_s,
+                "below_one_step": lost_s < step_s}
+
+    results["sections"]["checkpoint_stall"] = {
+        "status": "ok", "every": 25, "repeats": 1,
+        "sizes": [size("2 workers on 2 cores", 0.005, 0.030),
+                  size("1 worker, 1 thread, 2 cores", 0.010, 0.004)]}
+    text = markdown(results)
+    assert "| 2 workers on 2 cores | 0.7 MB | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 30 ms |" in text
+    assert "| 1 worker, 1 thread, 2 cores | 0.7 MB | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 4 ms |" in text
+    rows = table.render(results).splitlines()
+    assert any(r.strip().startswith("1 worker, 1 thread, 2 cores") and r.endswith("< 1 step") for r in rows)
+    assert any(r.strip().startswith("2 workers on 2 cores") and r.endswith(">= 1 step") for r in rows)
 
 
 def test_table_shows_the_headline_with_pinned_ddp(results):
