@@ -28,12 +28,13 @@ def render(results: dict) -> str:
 
 def _comparison_rows(comp: dict, unit: str = "samples/s") -> list[str]:
     base = comp["baseline"]
-    rows = [f"  {'contender':28} {'median ' + unit:>18} {'ratio to ' + base:>16}   per repeat"]
+    w = max(28, *(len(name) for name in comp["contenders"]))
+    rows = [f"  {'contender':{w}} {'median ' + unit:>18} {'ratio to ' + base:>16}   per repeat"]
     for name, c in comp["contenders"].items():
         r = comp["ratios"].get(name)
         ratio = _ratio(r["median"]) if r else "(baseline)"
         per = " ".join(f"{x:.2f}" for x in r["per_repeat"]) if r else ""
-        rows.append(f"  {name:28} {c['median']:>18.1f} {ratio:>16}   {per}")
+        rows.append(f"  {name:{w}} {c['median']:>18.1f} {ratio:>16}   {per}")
     rows.append(f"  {comp['repeats']} repeat(s), interleaved; ratio = median of per-repeat ratios")
     return rows
 

@@ -173,6 +173,10 @@ def test_snapshot_is_independent_of_the_live_state_and_the_writer_runs_niced(tmp
     live["w"].add_(5)            # training goes on in place, as optimizer.step() does
     live["nested"]["m"].mul_(0)
     assert torch.equal(snap["w"], torch.zeros(3)) and torch.equal(snap["nested"]["m"], torch.ones(2))
+    tied = torch.ones(2)
+    shared = ckpt.snapshot({"a": tied, "b": [tied, (3, "x")], "step": 4})
+    assert shared["a"] is shared["b"][0] and shared["a"] is not tied  # tied weights stay tied
+    assert shared["b"][1] == (3, "x") and shared["step"] == 4
 
     niced = []
     monkeypatch.setattr(ckpt.os, "setpriority", lambda which, who, prio: niced.append((which, who, prio)))
