@@ -95,8 +95,8 @@ def test_readme_section_is_rendered_from_the_results(results):
     assert "| hvd | 104 | 1.10× | 1.10, 1.10 |" in text and "| (DDP) | 95 | 1.00× | |" in text
     assert "Not measured in this run: recovery (failed: the local cluster did not come up)" in text
     # The headline: targets against DDP as torchrun starts it, and like with like against pinned DDP.
-    assert "| trainer / bare Horovod loop | 980 / 1000 | 0.98× | ≥ 0.97: met |" in text
-    assert "| trainer / torch DDP (Gloo) | 980 / 990 | 0.99× | ≥ 1.0: **not met** |" in text
+    assert "| trainer / bare Horovod loop | 980 / 1000 | 0.980× | ≥ 0.97: met |" in text
+    assert "| trainer / torch DDP (Gloo) | 980 / 990 | 0.990× | ≥ 1.0: **not met** |" in text
     pinned_row = "| trainer / DDP pinned like the trainer | 980 / 1100 | 0.89× | like with like; no target |"
     assert pinned_row in text
     assert ("the bare Horovod loop with the same settings (1 torch thread per worker, each worker pinned "
@@ -126,7 +126,7 @@ def test_stall_rows_name_their_layout(results):
 
 def test_table_shows_the_headline_with_pinned_ddp(results):
     text = table.render(results)
-    assert "bare-hvd / DDP: 1.01x (target >= 1.0: met)" in text
+    assert "bare-hvd / DDP: 1.010x (target >= 1.0: met)" in text
     assert "trainer / DDP pinned alike: 0.89x" in text
 
 
