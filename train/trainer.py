@@ -296,8 +296,9 @@ class Trainer:
                 stats = torch.stack((torch.full((), stop_flag / k, device=self.device),
                                      scaled.detach().float()))
                 objective = objective + torch.dot(self.step_stats, stats)
+            else:
+                step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
             objective.backward()
-            step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
         if not self.stats_in_gradients:
             stats = torch.stack((torch.full((), stop_flag, device=self.device), step_loss.float()))
             handle = hvd.allreduce_async_(stats, op=hvd.Average, name="ringtrain.step_stats")

@@ -30,9 +30,10 @@ def train_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "train", "--no-progress", *args]
 
 
-def horovodrun_cmd(np: int, *args: str, hosts: str | None = None) -> list[str]:
+def horovodrun_cmd(np: int, *args: str, hosts: str | None = None, module: str = "train") -> list[str]:
+    """`module` runs instead of the trainer when it takes the trainer's arguments (a test probe)."""
     return [str(VENV_BIN / "horovodrun"), "--gloo", "-np", str(np), "-H", hosts or f"localhost:{np}",
-            sys.executable, "-m", "train", "--no-progress", *args]
+            sys.executable, "-m", module, "--no-progress", *args]
 
 
 def run(cmd: list[str], timeout: float = 180, env: dict[str, str] | None = None):

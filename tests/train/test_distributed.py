@@ -233,10 +233,7 @@ def test_reported_loss_is_the_mean_over_ranks():
 
 
 def _probe(*args: str) -> dict:
-    cmd = horovodrun_cmd(2, *args)
-    cmd[cmd.index("train")] = "tests.train.allreduce_probe"
-    cmd.remove("--no-progress")
-    r = run(cmd)
+    r = run(horovodrun_cmd(2, *args, module="tests.train.allreduce_probe"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if PROBE_PREFIX in ln]
     assert len(lines) == 1, r.stdout[-3000:]
