@@ -17,6 +17,11 @@ def _x(v: float) -> str:
     return f"{v:.2f}×"
 
 
+def _ms_list(values: list[float] | None) -> str:
+    """Seconds as comma-separated milliseconds; a dash where results predate the figure."""
+    return "–" if values is None else ", ".join(f"{v * 1e3:.0f}" for v in values) + " ms"
+
+
 def _x_target(v: float) -> str:
     """A ratio checked against a target: three decimals, so 0.966 does not read as a met 0.97."""
     return f"{v:.3f}×"
@@ -116,14 +121,15 @@ def markdown(r: dict) -> str:
             "pays):",
             "",
             "| layout | checkpoint | one step | first step after it | lost per checkpoint | in steps "
-            "| per repeat |",
-            "|---|---:|---:|---:|---:|---:|---|",
+            "| per repeat | waited for the previous write (per run) |",
+            "|---|---:|---:|---:|---:|---:|---|---|",
         ]
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.0f}" for x in z.get("lost_per_checkpoint_per_repeat_s", []))
             out.append(f"| {z.get('layout', '')} | {z['checkpoint_bytes'] / 1e6:.1f} MB | "
                        f"{z['baseline_step_s'] * 1e3:.1f} ms | +{z['first_step_excess_s'] * 1e3:.1f} ms | "
-                       f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} | {per} ms |")
+                       f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} | {per} ms | "
+                       f"{_ms_list(z.get('writer_wait_s'))} |")
         out.append("")
     rc = s.get("recovery", {})
     if rc.get("status") == "ok":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
@@ -65,14 +67,21 @@ def _headline(s: dict) -> list[str]:
 
 def _stall(s: dict) -> list[str]:
     rows = [f"  {'layout':28} {'model':10} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} "
-            f"{'lost/ckpt ms':>13} {'in steps':>9}  (checkpoint every {s['every']} steps)"]
+            f"{'lost/ckpt ms':>13} {'in steps':>9} {'waited ms/run':>14}  "
+            f"(checkpoint every {s['every']} steps)"]
     for z in s["sizes"]:
         rows.append(f"  {z.get('layout', ''):28} {z['model'] + ' w' + str(z['width']):10} "
                     f"{z['checkpoint_bytes'] / 1e6:>14.1f} "
                     f"{z['baseline_step_s'] * 1e3:>9.1f} {z['first_step_excess_s'] * 1e3:>13.1f} "
-                    f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {z['lost_in_steps']:>9.2f}  "
+                    f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {z['lost_in_steps']:>9.2f} "
+                    f"{_wait(z.get('writer_wait_s')):>14}  "
                     f"{'< 1 step' if z['below_one_step'] else '>= 1 step'}")
     return rows
+
+
+def _wait(values: list[float] | None) -> str:
+    """The median run's wait for the previous checkpoint's write, in ms; '-' for older results."""
+    return "-" if not values else f"{statistics.median(values) * 1e3:.0f}"
 
 
 def _recovery(s: dict) -> list[str]:

@@ -107,6 +107,8 @@ class TrainerRun:
             "batch_size": self.shape.batch_size,
             "summary_samples_per_sec": summary["samples_per_sec"],
             "checkpoints_written": summary["checkpoints_written"],
+            # training time spent waiting for the previous checkpoint's write (see train.checkpoint_writer)
+            "checkpoint_wait_s": summary["checkpoint_wait_s"],
             "cpus": summary["cpu_affinity"],  # rank 0's cores, as the trainer pinned them (or None)
             "run_id": run_id,
             "records": records,

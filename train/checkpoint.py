@@ -1,4 +1,6 @@
-"""Atomic checkpoints on S3 or a local directory, newest-valid discovery, retention, background upload.
+"""Atomic checkpoints on S3 or a local directory, newest-valid discovery, retention.
+
+(Written off the training process by train.checkpoint_writer.)
 
 Layout under the checkpoint URI:
 
@@ -15,14 +17,11 @@ warning, so a crash at any moment leaves the previous checkpoint as the newest v
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import hashlib
 import io
 import json
 import os
 import re
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -47,32 +46,6 @@ class CheckpointWarning(UserWarning):
 
 def step_dir(step: int) -> str:
     return f"step-{step:09d}"
-
-
-def snapshot(state: dict) -> dict:
-    """A private copy of the state (tensors cloned): training may go on while it is written out.
-
-    state_dict() returns the live parameter tensors, so without the copy the background writer would
-    serialize weights that later steps have already changed. This runs on the training thread, so it
-    clones tensors directly (half the time of copy.deepcopy's per-tensor path: 4 vs 8 ms for a 35 MB
-    state here); a tensor that appears twice (tied weights) is cloned once and stays shared.
-    """
-    clones: dict[int, torch.Tensor] = {}
-
-    def copy_of(x):
-        if isinstance(x, torch.Tensor):
-            if id(x) not in clones:
-                clones[id(x)] = x.detach().clone()
-            return clones[id(x)]
-        if isinstance(x, dict):
-            return {k: copy_of(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [copy_of(v) for v in x]
-        if type(x) is tuple:
-            return tuple(copy_of(v) for v in x)
-        return copy.deepcopy(x)  # anything else (numbers, strings, named tuples) the careful way
-
-    return copy_of(state)
 
 
 def serialize(state: dict) -> bytes:
@@ -194,50 +167,3 @@ class CheckpointStore:
         self.store.delete_many(keys)
         for s in doomed:
             del steps[s]
-
-
-class BackgroundWriter:
-    """Serializes and uploads checkpoints off the training path, one at a time.
-
-    The caller hands over a snapshot (see `snapshot`); pickling, checksumming and the upload run in a
-    thread at the lowest CPU priority, so on a CPU-bound node they take the cycles training leaves idle
-    (waits in allreduce) instead of stalling steps. A new submission, and `wait()`, first wait for the
-    previous one and re-raise its error.
-    """
-
-    NICE = 19  # Linux niceness of the writer thread (per-thread on Linux); 0 leaves it alone
-
-    def __init__(self, checkpoints: CheckpointStore):
-        self.checkpoints = checkpoints
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self.written = 0
-
-    def _lower_priority(self) -> None:
-        # Where that is not permitted, the upload still works, at normal priority.
-        if self.NICE and hasattr(os, "setpriority"):
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.NICE)
-
-    def _run(self, step: int, state: dict) -> None:
-        try:
-            self._lower_priority()
-            self.checkpoints.write(step, serialize(state))
-            self.written += 1
-        except BaseException as e:  # re-raised in the training thread by wait()
-            self._error = e
-
-    def submit(self, step: int, state: dict) -> None:
-        """`state` must not change after this call: pass `snapshot(...)` of live training state."""
-        self.wait()
-        self._thread = threading.Thread(target=self._run, args=(step, state), name=f"checkpoint-{step}",
-                                        daemon=True)
-        self._thread.start()
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err

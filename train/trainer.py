@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from cluster.job import EXIT_INTERRUPTED_RESUMABLE
 from train import checkpoint as ckpt
 from train import data as data_mod
+from train.checkpoint_writer import CheckpointWriter
 from train.config import TrainConfig
 from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
@@ -107,6 +108,7 @@ class Trainer:
         self.stop = stop
         self.on_gpu = torch.cuda.is_available()
         self.cpus: tuple[int, ...] | None = None  # the cores this worker is pinned to, if any
+        self.node_cpus = tuple(sorted(os.sched_getaffinity(0)))  # the cores all workers here share
         if self.on_gpu:
             torch.cuda.set_device(hvd.local_rank())
         else:
@@ -121,7 +123,7 @@ class Trainer:
         self.dataset: data_mod.Dataset | None = None
         self.sampler: data_mod.ShardedSampler | None = None
         self.checkpoints: ckpt.CheckpointStore | None = None
-        self._writer: ckpt.BackgroundWriter | None = None
+        self._writer: CheckpointWriter | None = None
         self._log: MetricsLog | None = None
         self.resumed_from_step: int | None = None
         self.summary_printed = False
@@ -131,6 +133,9 @@ class Trainer:
         self.samples_total = 0
         self.train_time = 0.0
         self.elastic_resets = 0
+        # By writers already closed (elastic mode may start several).
+        self.checkpoints_written = 0
+        self.checkpoint_wait_s = 0.0
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -155,6 +160,8 @@ class Trainer:
             self.checkpoints = ckpt.CheckpointStore(store, cfg.checkpoint.keep)
             if self.hvd.rank() == 0 or cfg.horovod.elastic:
                 found = self.checkpoints.latest_valid()
+            if self.hvd.rank() == 0:
+                _ = self.writer  # start the writer process now: its start-up overlaps the model build
         if self.hvd.rank() == 0:
             self.open_log(initial_step=found.step if found else 0)
         return found
@@ -174,10 +181,21 @@ class Trainer:
         return self._log
 
     @property
-    def writer(self) -> ckpt.BackgroundWriter | None:
+    def writer(self) -> CheckpointWriter | None:
         if self._writer is None and self.checkpoints is not None and self.hvd.rank() == 0:
-            self._writer = ckpt.BackgroundWriter(self.checkpoints)
+            self._writer = CheckpointWriter(self.checkpoints.store.uri, self.cfg.s3_endpoint_url,
+                                            self.cfg.checkpoint.keep, cpus=self.node_cpus)
         return self._writer
+
+    def close_writer(self) -> None:
+        """Wait for the checkpoint in flight (re-raising its error) and end the writer process."""
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            try:
+                writer.close()
+            finally:
+                self.checkpoints_written += writer.written
+                self.checkpoint_wait_s += writer.waited_s
 
     # ---- model ------------------------------------------------------------------------------
     def build(self) -> None:
@@ -334,7 +352,7 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, progress, loss: float | None) -> None:
-        """Rank 0 snapshots the state now and writes it in the background; no collective (the random
+        """Rank 0 copies the state now and its writer process writes it; no collective (the random
         streams need no saving, see seed_step)."""
         if self.hvd.rank() == 0:
             state = {
@@ -346,7 +364,7 @@ class Trainer:
                 "world_size": self.hvd.size(),
                 "loss": loss,
             }
-            self.writer.submit(progress.step, ckpt.snapshot(state))
+            self.writer.submit(progress.step, state)
         progress.last_checkpoint_step = progress.step
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -413,15 +431,15 @@ class Trainer:
             final_loss = initial_loss = self.saved_loss
         if self.checkpoints is not None and progress.last_checkpoint_step != progress.step:
             self.save_checkpoint(progress, final_loss)
-        if self.writer is not None:
-            self.writer.wait()
+        self.close_writer()
         summary = {
             "steps": progress.step,
             "final_loss": final_loss,
             "initial_loss": initial_loss,
             "samples_per_sec": self.samples_total / self.train_time if self.train_time > 0 else 0.0,
             "resumed_from_step": self.resumed_from_step,
-            "checkpoints_written": self.writer.written if self.writer is not None else 0,
+            "checkpoints_written": self.checkpoints_written,
+            "checkpoint_wait_s": round(self.checkpoint_wait_s, 6),
             "world_size": hvd.size(),
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,
@@ -496,4 +514,6 @@ def run(cfg: TrainConfig) -> int:
     else:
         hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
+    if trainer.writer is not None:
+        trainer.writer.wait_ready()
     return trainer.loop(progress).exit_code

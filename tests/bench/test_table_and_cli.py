@@ -112,16 +112,19 @@ def test_stall_rows_name_their_layout(results):
                 "lost_per_checkpoint_per_repeat_s": [lost_s], "lost_in_steps": lost_s / step_s,
                 "below_one_step": lost_s < step_s}
 
+    saturated = size("2 workers on 2 cores", 0.005, 0.030)
+    saturated["writer_wait_s"] = [0.25, 0.0, 0.1]  # results from before this figure have none
     results["sections"]["checkpoint_stall"] = {
         "status": "ok", "every": 25, "repeats": 1,
-        "sizes": [size("2 workers on 2 cores", 0.005, 0.030),
-                  size("1 worker, 1 thread, 2 cores", 0.010, 0.004)]}
+        "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004)]}
     text = markdown(results)
-    assert "| 2 workers on 2 cores | 0.7 MB | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 30 ms |" in text
-    assert "| 1 worker, 1 thread, 2 cores | 0.7 MB | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 4 ms |" in text
+    assert ("| 2 workers on 2 cores | 0.7 MB | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 30 ms | "
+            "250, 0, 100 ms |") in text
+    assert "| 1 worker, 1 thread, 2 cores | 0.7 MB | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 4 ms | – |" in text
     rows = table.render(results).splitlines()
-    assert any(r.strip().startswith("1 worker, 1 thread, 2 cores") and r.endswith("< 1 step") for r in rows)
-    assert any(r.strip().startswith("2 workers on 2 cores") and r.endswith(">= 1 step") for r in rows)
+    spare = [r for r in rows if r.strip().startswith("1 worker, 1 thread, 2 cores")]
+    full = [r for r in rows if r.strip().startswith("2 workers on 2 cores")]
+    assert spare[0].endswith(" -  < 1 step") and full[0].endswith(" 100  >= 1 step")
 
 
 def test_table_shows_the_headline_with_pinned_ddp(results):

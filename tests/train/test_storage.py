@@ -149,48 +149,6 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
     assert manifest["step"] == 5 and len(manifest["objects"]["state.pt"]["sha256"]) == 64
 
 
-def test_background_writer_serializes_uploads_and_reraises_errors(tmp_path):
-    checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=5)
-    writer = ckpt.BackgroundWriter(checkpoints)
-    writer.submit(1, _state(1))
-    writer.submit(2, _state(2))
-    writer.wait()
-    assert writer.written == 2 and checkpoints.valid_steps() == [1, 2]
-
-    class Broken(ckpt.CheckpointStore):
-        def write(self, step, data):
-            raise OSError("disk full")
-
-    writer = ckpt.BackgroundWriter(Broken(checkpoints.store, keep=1))
-    writer.submit(3, _state(3))
-    with pytest.raises(OSError, match="disk full"):
-        writer.wait()
-
-
-def test_snapshot_is_independent_of_the_live_state_and_the_writer_runs_niced(tmp_path, monkeypatch):
-    live = {"w": torch.zeros(3), "nested": {"m": torch.ones(2)}}
-    snap = ckpt.snapshot(live)
-    live["w"].add_(5)            # training goes on in place, as optimizer.step() does
-    live["nested"]["m"].mul_(0)
-    assert torch.equal(snap["w"], torch.zeros(3)) and torch.equal(snap["nested"]["m"], torch.ones(2))
-    tied = torch.ones(2)
-    shared = ckpt.snapshot({"a": tied, "b": [tied, (3, "x")], "step": 4})
-    assert shared["a"] is shared["b"][0] and shared["a"] is not tied  # tied weights stay tied
-    assert shared["b"][1] == (3, "x") and shared["step"] == 4
-
-    niced = []
-    monkeypatch.setattr(ckpt.os, "setpriority", lambda which, who, prio: niced.append((which, who, prio)))
-    checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=2)
-    writer = ckpt.BackgroundWriter(checkpoints)
-    writer.submit(7, snap)
-    writer.wait()
-    found = checkpoints.latest_valid()
-    assert found.step == 7 and torch.equal(found.state["w"], torch.zeros(3))
-    # The writer thread lowered its own priority (its native thread id, not the whole process).
-    assert len(niced) == 1 and niced[0][0] == ckpt.os.PRIO_PROCESS and niced[0][2] == 19
-    assert niced[0][1] != 0 and niced[0][1] != ckpt.os.getpid()
-
-
 def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):
     out = tmp_path / "ds"
     assert data_mod.main(["generate", "--out", str(out), "--shards", "2", "--samples-per-shard", "16"]) == 0

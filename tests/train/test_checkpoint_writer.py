@@ -1,0 +1,210 @@
+"""The checkpoint writer process: same bytes as torch.save of the live state, copied at submit, errors
+and deaths reported to the trainer, and a child that never outlives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections import OrderedDict
+
+import psutil
+import pytest
+import torch
+
+from train import checkpoint as ckpt
+from train.checkpoint_writer import CheckpointWriter, CheckpointWriterError, layout, rebuild
+from train.storage import open_store
+
+
+def _state(step: int, width: int = 8) -> dict:
+    """Odd cases together: tied tensors, an empty tensor before a non-empty one (same offset), bool,
+    bf16, a 0-dim tensor, a state_dict's OrderedDict with its _metadata, plain values."""
+    model = OrderedDict(w=torch.arange(width * 3, dtype=torch.float32).reshape(width, 3) + step,
+                        empty=torch.zeros(0), mask=torch.tensor([True, False, True]),
+                        half=torch.full((5,), 1.5 + step, dtype=torch.bfloat16))
+    model._metadata = OrderedDict({"": {"version": 1}})
+    model["tied"] = model["w"]
+    return {"step": step, "model": model, "optimizer": {"state": {0: {"step": torch.tensor(float(step))}},
+                                                      "param_groups": [{"lr": 0.1, "params": [0]}]},
+            "sampler": {"epoch": 1, "offset": 64}, "loss": None, "pair": (3, "x")}
+
+
+def _assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), (a, b)
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def test_layout_and_rebuild_round_trip_in_memory():
+    state = _state(2)
+    skeleton, tensors, nbytes = layout(state)
+    buffer = bytearray(nbytes)
+    view = torch.frombuffer(buffer, dtype=torch.uint8)
+    for tensor, slot in tensors:
+        if slot.numel:
+            view[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape).copy_(tensor)
+    assert len(tensors) == 5  # w, empty, mask, half, step: the tied tensor has no slot of its own
+    assert all(slot.offset % 64 == 0 for _, slot in tensors)
+    rebuilt = rebuild(skeleton, buffer)
+    _assert_same(state, rebuilt)
+    assert rebuilt["model"]["tied"] is rebuilt["model"]["w"]
+    assert rebuilt["model"]._metadata == {"": {"version": 1}}
+
+
+@pytest.mark.filterwarnings("ignore::train.checkpoint.CheckpointWarning")  # back-to-back submits wait
+def test_writes_what_torch_save_writes_copied_at_submit(tmp_path):
+    checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=2)
+    writer = CheckpointWriter(str(tmp_path), None, keep=2)
+    try:
+        live = _state(1)
+        expected = ckpt.serialize(_state(1))
+        writer.submit(1, live)
+        live["model"]["w"].add_(100)  # training goes on in place as soon as submit returns
+        live["model"]["mask"].fill_(False)
+        writer.submit(2, _state(2, width=4096))  # a bigger state: the child gets a new buffer
+        writer.submit(3, _state(3))
+        writer.wait()
+        assert writer.written == 3
+        assert checkpoints.valid_steps() == [2, 3]  # keep=2: the writer's CheckpointStore pruned
+        writer.submit(4, _state(1))
+    finally:
+        writer.close()
+    writer.close()  # a second close is harmless
+    assert (tmp_path / "step-000000004" / "state.pt").read_bytes() == expected
+    found = checkpoints.latest_valid()
+    assert found.step == 4
+    _assert_same(_state(1), found.state)
+
+
+def test_errors_come_back_with_their_type_and_the_writer_carries_on(tmp_path):
+    root = tmp_path / "ck"
+    writer = CheckpointWriter(str(root), None, keep=1)
+    try:
+        writer.wait_ready()
+        root.rmdir()
+        root.write_text("the store broke after start: a file where its directory was")
+        writer.submit(1, _state(1))
+        with pytest.raises((NotADirectoryError, FileExistsError)):
+            writer.wait()
+        writer.submit(2, _state(2))  # the next checkpoint is tried afresh (and fails the same way)
+        with pytest.raises((NotADirectoryError, FileExistsError)):
+            writer.wait()
+        assert writer.written == 0
+        root.unlink()
+        root.mkdir()
+        writer.submit(3, _state(3))
+        writer.wait()
+        assert writer.written == 1
+    finally:
+        writer.close()
+
+
+def test_a_submit_that_waits_for_the_previous_write_says_so_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.FAULT_DELAY_ENV, "0.5")  # each write takes at least half a second
+    writer = CheckpointWriter(str(tmp_path), None, keep=3)
+    try:
+        writer.submit(1, _state(1))
+        writer.wait()  # done before the next is due: no wait counted
+        with pytest.warns(ckpt.CheckpointWarning, match="checkpoint step 3 waited 0.[45].* for checkpoint "
+                                                         "step 2 .*raise --checkpoint-every"):
+            writer.submit(2, _state(2))
+            writer.submit(3, _state(3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            writer.submit(4, _state(4))  # waits again, but says nothing more
+    finally:
+        writer.close()
+    assert writer.written == 4 and writer.waits == 2
+    assert 0.8 < writer.waited_s < 1.5
+
+
+def test_a_writer_killed_mid_write_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.FAULT_DELAY_ENV, "60")  # the child waits before the manifest
+    writer = CheckpointWriter(str(tmp_path), None, keep=1)
+    child = psutil.Process(writer._proc.pid)
+    try:
+        writer.submit(1, _state(1))
+        deadline = 60
+        while not (tmp_path / "step-000000001" / "state.pt").exists() and deadline > 0:
+            psutil.wait_procs([child], timeout=0.1)
+            deadline -= 0.1
+        child.send_signal(signal.SIGKILL)
+        with pytest.raises(CheckpointWriterError, match=r"exited \(exit status -9\) while writing "
+                                                        r"checkpoint step 1"):
+            writer.wait()
+        with pytest.raises(CheckpointWriterError, match="writer process is gone"):
+            writer.submit(2, _state(2))
+    finally:
+        writer.close()
+    assert not (tmp_path / "step-000000001" / "manifest.json").exists()
+
+
+def test_the_child_is_niced_ignores_sigterm_and_writes_to_s3(object_store, s3_bucket, monkeypatch):
+    for k, v in object_store.env().items():
+        monkeypatch.setenv(k, v)
+    uri = f"s3://{s3_bucket}/ck"
+    writer = CheckpointWriter(uri, object_store.endpoint_url, keep=3)
+    try:
+        child = psutil.Process(writer._proc.pid)
+        assert child.nice() == 19
+        writer.submit(5, _state(5))
+        child.send_signal(signal.SIGTERM)  # a spot reclaim signals the whole process group
+        writer.wait()
+        writer.submit(6, _state(6))
+        writer.wait()
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    finally:
+        writer.close()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert ckpt.CheckpointStore(open_store(uri, object_store.endpoint_url), keep=3).valid_steps() == [5, 6]
+
+
+def test_the_child_dies_with_a_killed_trainer_even_mid_write(tmp_path):
+    # Mid-write the child is not reading its socket, so only PR_SET_PDEATHSIG can end it in time.
+    script = textwrap.dedent(f"""
+        import sys, time, torch
+        from train.checkpoint_writer import CheckpointWriter
+        w = CheckpointWriter({str(tmp_path)!r}, None, keep=1)
+        w.submit(1, {{"w": torch.ones(4)}})
+        print(w._proc.pid, flush=True)
+        time.sleep(120)
+    """)
+    env = {**os.environ, ckpt.FAULT_DELAY_ENV: "120"}
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        child = psutil.Process(int(trainer.stdout.readline()))
+        for _ in range(600):  # the child is in its write: the state is there, the manifest is not
+            if (tmp_path / "step-000000001" / "state.pt").exists():
+                break
+            psutil.wait_procs([child], timeout=0.1)
+        assert (tmp_path / "step-000000001" / "state.pt").exists()
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=30)
+        gone, alive = psutil.wait_procs([child], timeout=30)
+        assert gone and not alive, "the writer process outlived its trainer"
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert not (tmp_path / "step-000000001" / "manifest.json").exists()
+
+
+def test_a_writer_that_cannot_start_says_why_before_training():
+    writer = CheckpointWriter("s3://bucket/ck", "not a url", keep=1)
+    try:
+        with pytest.raises(ValueError, match="Invalid endpoint: not a url"):
+            writer.wait_ready()
+    finally:
+        writer.close()

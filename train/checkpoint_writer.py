@@ -1,0 +1,442 @@
+"""Checkpoints serialized, checksummed and uploaded by a child process, off the training process.
+
+A writer *thread* (the previous design) shared the interpreter lock with the training thread: while
+torch.save pickled and boto3 built, signed and sent its requests, each step waited for the lock
+whenever it needed it, which cost 3-31 ms per checkpoint even with a core to spare (bench/,
+"checkpoint stall"). Here the training thread copies the state's tensors into a shared-memory buffer
+(a memcpy per tensor) and sends a small message; a child process at the lowest CPU priority rebuilds
+the state over the same memory, serializes it, checksums and uploads it (CheckpointStore.write).
+
+Lifetime: the child starts with the writer and ends when the writer is closed, or when its socket
+closes because the trainer exited. If the trainer is killed, the kernel kills the child too
+(PR_SET_PDEATHSIG), so a vanished node leaves at most a checkpoint without its manifest, which readers
+skip. The child ignores SIGTERM and SIGINT: a spot reclaim signals the whole process group, and the
+trainer waits for the checkpoint in flight before it exits.
+
+One checkpoint is in flight at a time: `submit` first waits for the previous one (and re-raises its
+error), so the buffer is never overwritten while the child reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import mmap
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from train.checkpoint import CheckpointStore, CheckpointWarning, serialize
+from train.storage import open_store
+
+NICE = 19  # the child's Linux niceness: on a node whose cores are full it takes what training leaves
+ALIGN = 64  # byte alignment of each tensor in the buffer (any dtype's view needs its element size)
+_LENGTH = struct.Struct("!Q")
+_CLOSE_TIMEOUT_S = 60
+_CHILD_IGNORES = {signal.SIGTERM, signal.SIGINT}
+# Warn (once) when a submit waits longer than this share of the time since the previous submit.
+WAIT_WARN_FRACTION = 0.1
+
+
+class CheckpointWriterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a tensor's bytes lie in the shared buffer."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+def layout(state) -> tuple[object, list[tuple[torch.Tensor, Slot]], int]:
+    """(skeleton, tensors, bytes): the state with every tensor replaced by its Slot in a buffer of
+    `bytes` bytes, and the (tensor, slot) pairs to copy. A tensor that appears twice (tied weights)
+    gets one slot, so it stays shared in the checkpoint. Containers keep their type and attributes
+    (a state_dict's OrderedDict carries `_metadata`, which load_state_dict uses)."""
+    slots: dict[int, Slot] = {}
+    tensors: list[tuple[torch.Tensor, Slot]] = []
+    end = 0
+
+    def walk(x):
+        nonlocal end
+        if isinstance(x, torch.Tensor):
+            if id(x) not in slots:
+                slot = Slot(end, x.dtype, tuple(x.shape))
+                slots[id(x)] = slot
+                tensors.append((x, slot))
+                end += -(-slot.nbytes // ALIGN) * ALIGN
+            return slots[id(x)]
+        if isinstance(x, dict):
+            out = type(x)((k, walk(v)) for k, v in x.items())
+            if getattr(x, "__dict__", None):
+                out.__dict__.update(vars(x))  # no copy needed: submit pickles the skeleton at once
+            return out
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if type(x) is tuple:
+            return tuple(walk(v) for v in x)
+        return x  # numbers, strings, None: pickled as they are now
+
+    skeleton = walk(state)
+    return skeleton, tensors, end
+
+
+def rebuild(skeleton, buffer) -> object:
+    """The state, each Slot replaced by a tensor over `buffer` (a writable buffer, e.g. an mmap).
+
+    Each tensor gets a storage of its own over its bytes, so torch.save writes each one separately,
+    exactly as it would the live tensors; one Slot object seen twice is one tensor."""
+    built: dict[int, torch.Tensor] = {}
+
+    def walk(x):
+        if isinstance(x, Slot):
+            # By identity: pickling keeps a tied tensor's one Slot one object; an empty tensor's
+            # offset may equal the next tensor's.
+            if id(x) not in built:
+                if x.numel == 0:
+                    built[id(x)] = torch.empty(x.shape, dtype=x.dtype)
+                else:
+                    flat = torch.frombuffer(buffer, dtype=x.dtype, count=x.numel, offset=x.offset)
+                    built[id(x)] = flat.view(x.shape)
+            return built[id(x)]
+        if isinstance(x, dict):
+            out = type(x)((k, walk(v)) for k, v in x.items())
+            if getattr(x, "__dict__", None):
+                out.__dict__.update(vars(x))
+            return out
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if type(x) is tuple:
+            return tuple(walk(v) for v in x)
+        return x
+
+    return walk(skeleton)
+
+
+# ---- messages: a length-prefixed pickle, with file descriptors riding on the length ------------
+
+def send_message(sock: socket.socket, obj, fds: Sequence[int] = ()) -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    header = _LENGTH.pack(len(payload))
+    sent = socket.send_fds(sock, [header], list(fds)) if fds else sock.send(header)
+    sock.sendall(header[sent:] + payload)
+
+
+def _recv_exactly(sock: socket.socket, n: int, head: bytes = b"") -> bytes | None:
+    data = bytearray(head)
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def recv_message(sock: socket.socket) -> tuple[object, list[int]] | None:
+    """(message, received fds), or None once the other end has closed."""
+    head, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, 4)
+    if not head:
+        for fd in fds:
+            os.close(fd)
+        return None
+    header = _recv_exactly(sock, _LENGTH.size, head)
+    payload = header and _recv_exactly(sock, _LENGTH.unpack(header)[0])
+    if payload is None:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return pickle.loads(payload), fds
+
+
+# ---- the training side ----------------------------------------------------------------------------
+
+class CheckpointWriter:
+    """Starts the writer process; `submit` hands it one checkpoint at a time."""
+
+    def __init__(self, uri: str, endpoint_url: str | None, keep: int, cpus: Sequence[int] | None = None):
+        """`cpus`: the cores the child may run on (default: the caller's). A pinned worker passes the
+        node's cores, so the child's work fills whichever core is idle, not only its worker's."""
+        self.uri = uri
+        self.written = 0
+        # Submits that found the previous checkpoint still being written, and the time they waited:
+        # training time lost because checkpoints are due faster than the store takes them.
+        self.waits = 0
+        self.waited_s = 0.0
+        self._warned = False
+        self._submitted_at = 0.0  # when the previous submit started
+        self._ready = False
+        self._in_flight: int | None = None
+        self._buffer: mmap.mmap | None = None
+        self._view: torch.Tensor | None = None  # uint8 tensor over _buffer
+        self._new_buffer_fd: int | None = None  # a buffer the child has not been sent yet
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [sys.executable, "-m", "train.checkpoint_writer", "--fd", str(theirs.fileno()),
+               "--parent-pid", str(os.getpid()), "--uri", uri, "--keep", str(keep)]
+        if endpoint_url:
+            cmd += ["--endpoint-url", endpoint_url]
+        # The child starts with SIGTERM/SIGINT blocked (a signal mask survives exec) until it ignores
+        # them: one that arrives while it starts up must not kill it. Blocked here, not ignored, so
+        # the trainer still receives one sent meanwhile once this returns.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_IGNORES)
+        try:
+            self._proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            theirs.close()
+        self._sock = ours
+        with contextlib.suppress(OSError):  # now, not once the child gets round to it
+            os.setpriority(os.PRIO_PROCESS, self._proc.pid, NICE)
+            if cpus:
+                os.sched_setaffinity(self._proc.pid, cpus)
+
+    def wait_ready(self) -> None:
+        """Block until the child has started (imported torch, opened the store): ~1-2 s of CPU that
+        should be spent before training starts, not while the first checkpoints queue behind it."""
+        if self._ready:
+            return
+        got = recv_message(self._sock)
+        if got is None:
+            raise CheckpointWriterError(f"the checkpoint writer process for {self.uri} exited at start "
+                                        f"({self._exit_status()})")
+        (kind, _step, error), _fds = got
+        if kind != "ready":
+            raise _as_exception(error) if error is not None else CheckpointWriterError(
+                f"unexpected first message from the checkpoint writer: {kind}")
+        self._ready = True
+
+    def _ensure_capacity(self, nbytes: int) -> None:
+        if self._buffer is not None and len(self._buffer) >= nbytes:
+            return
+        self._view = None  # releases the tensor's export of the old mapping before it closes
+        if self._buffer is not None:
+            self._buffer.close()
+        if self._new_buffer_fd is not None:
+            os.close(self._new_buffer_fd)
+        size = max(nbytes, 1)
+        fd = os.memfd_create("ringtrain-checkpoint", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            self._buffer = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._new_buffer_fd = fd
+        self._view = torch.frombuffer(self._buffer, dtype=torch.uint8)
+
+    def submit(self, step: int, state: dict) -> None:
+        """Copy `state`'s tensors now (the caller may change them as soon as this returns) and have
+        the child write it as checkpoint `step`. Waits for the previous checkpoint first."""
+        self.wait_ready()
+        self._wait_for_previous(step)
+        skeleton, tensors, nbytes = layout(state)
+        self._ensure_capacity(nbytes)
+        for tensor, slot in tensors:
+            if slot.numel:
+                region = self._view[slot.offset:slot.offset + slot.nbytes]
+                region.view(slot.dtype).view(slot.shape).copy_(tensor.detach())
+        fds = [self._new_buffer_fd] if self._new_buffer_fd is not None else []
+        try:
+            send_message(self._sock, ("write", step, skeleton), fds)
+        except OSError as e:
+            raise CheckpointWriterError(f"the checkpoint writer process is gone ({self._exit_status()}); "
+                                        f"checkpoint step {step} was not written: {e}") from None
+        if fds:
+            os.close(self._new_buffer_fd)  # the child holds its own copy of the descriptor now
+            self._new_buffer_fd = None
+        self._in_flight = step
+
+    def _wait_for_previous(self, step: int) -> None:
+        """wait(), counting the time when the previous write is not done yet; warns once when that
+        wait is a noticeable share of the time between checkpoints."""
+        start = time.perf_counter()
+        interval, self._submitted_at = start - self._submitted_at, start
+        previous = self._in_flight
+        if previous is None:
+            return
+        busy = not select.select([self._sock], [], [], 0)[0]  # no reply yet: the write goes on
+        self.wait()
+        if not busy:
+            return
+        waited = time.perf_counter() - start
+        self.waits += 1
+        self.waited_s += waited
+        if not self._warned and waited > WAIT_WARN_FRACTION * interval:
+            self._warned = True
+            warnings.warn(f"checkpoint step {step} waited {waited:.3f} s for checkpoint step {previous} "
+                          f"to be written to {self.uri}: checkpoints are due faster than the store takes "
+                          "them, and training waits (raise --checkpoint-every; the run's summary gives "
+                          "the total as checkpoint_wait_s)", CheckpointWarning, stacklevel=3)
+
+    def wait(self) -> None:
+        """Block until the checkpoint in flight is written; re-raise its error."""
+        if self._in_flight is None:
+            return
+        step, self._in_flight = self._in_flight, None
+        got = recv_message(self._sock)
+        if got is None:
+            raise CheckpointWriterError(f"the checkpoint writer process exited ({self._exit_status()}) "
+                                        f"while writing checkpoint step {step} to {self.uri}")
+        (kind, done_step, error), _fds = got
+        if kind == "done" and done_step == step:
+            self.written += 1
+            return
+        raise _as_exception(error) if error is not None else CheckpointWriterError(
+            f"unexpected reply from the checkpoint writer: {kind} {done_step} (expected step {step})")
+
+    def _exit_status(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        rc = self._proc.returncode
+        return "still running" if rc is None else f"exit status {rc}"
+
+    def close(self) -> None:
+        """Wait for the checkpoint in flight, then end the child. Safe to call twice."""
+        try:
+            self.wait()
+        finally:
+            if self._sock.fileno() != -1:
+                self._sock.close()  # the child's next read sees the end and it exits
+            try:
+                self._proc.wait(timeout=_CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._view = None
+            if self._buffer is not None:
+                self._buffer.close()
+                self._buffer = None
+            if self._new_buffer_fd is not None:
+                os.close(self._new_buffer_fd)
+                self._new_buffer_fd = None
+
+
+def _as_exception(error: tuple[bytes | None, str]) -> BaseException:
+    pickled, text = error
+    if pickled is not None:
+        with contextlib.suppress(Exception):
+            return pickle.loads(pickled)
+    return CheckpointWriterError(text)
+
+
+def _describe(e: BaseException) -> tuple[bytes | None, str]:
+    try:
+        pickled = pickle.dumps(e)
+        pickle.loads(pickled)  # some exceptions pickle but do not unpickle (extra required args)
+    except Exception:  # noqa: BLE001 - the text below still carries the error
+        pickled = None
+    return pickled, f"{type(e).__name__}: {e}"
+
+
+# ---- the writer process -------------------------------------------------------------------------
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the thread that started it ends (Linux); exit now if it already has."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _reply(sock: socket.socket, message) -> bool:
+    """Send to the trainer; False when it has gone (it exited, e.g. on bad input): time to end."""
+    try:
+        send_message(sock, message)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
+def serve(sock: socket.socket, checkpoints: CheckpointStore) -> None:
+    """Write each checkpoint the trainer sends, reply done or the error; return when it closes."""
+    buffer: mmap.mmap | None = None
+    while True:
+        got = recv_message(sock)
+        if got is None:
+            return
+        (kind, step, skeleton), fds = got
+        if fds:
+            if buffer is not None:
+                with contextlib.suppress(BufferError):  # a tensor still over it: left to the GC
+                    buffer.close()
+            size = os.fstat(fds[0]).st_size
+            buffer = mmap.mmap(fds[0], size)
+            for fd in fds:
+                os.close(fd)
+        try:
+            state = rebuild(skeleton, buffer)
+            checkpoints.write(step, serialize(state))
+            del state
+            reply = ("done", step, None)
+        except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
+            reply = ("error", step, _describe(e))
+        if not _reply(sock, reply):
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.checkpoint_writer",
+                                description="The trainer's checkpoint writer process (started by it).")
+    p.add_argument("--fd", type=int, required=True, help="the trainer's end of a Unix socket pair")
+    p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--uri", required=True)
+    p.add_argument("--endpoint-url")
+    p.add_argument("--keep", type=int, required=True)
+    args = p.parse_args(argv)
+    _die_with_parent(args.parent_pid)
+    for sig in _CHILD_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_IGNORES)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+    sock = socket.socket(fileno=args.fd)
+    try:
+        checkpoints = CheckpointStore(open_store(args.uri, args.endpoint_url), args.keep)
+        # One request now: the client's first one loads botocore's service model and opens the
+        # connection (tens of ms of CPU), which would otherwise make the first checkpoint slow
+        # enough for the second to wait on it.
+        checkpoints.store.check(create=True)
+    except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
+        _reply(sock, ("error", None, _describe(e)))
+        return 1
+    if _reply(sock, ("ready", None, None)):
+        serve(sock, checkpoints)
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this __main__ copy: the trainer pickles
+    # train.checkpoint_writer.Slot, which must be the class serve() checks for.
+    from train.checkpoint_writer import main as module_main
+
+    sys.exit(module_main())
