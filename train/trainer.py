@@ -208,15 +208,17 @@ class Trainer:
         named = list(self.model.named_parameters())
         groups = [{"params": [p for _, p in named]}]
         # The step's stop vote and loss ride in the gradient allreduce: a two-element "parameter",
-        # outside the model, added to each backward pass's objective as step_stats . [stop flag / k,
-        # loss], which is zero (step_stats stays zero) and whose gradient is [the stop flag, the
-        # step's loss]. So the backward pass hands it to DistributedOptimizer like any gradient, in
-        # the same group, and the averaged "gradient" is [the fraction of ranks asked to stop, the
-        # mean loss]: eight bytes next to the gradients instead of collectives of their own (a stop
-        # allreduce per step cost 20-25% of a 1 ms CPU step here; a loss allreduce per logged step
-        # about 1%). It is never updated (lr 0, and its gradient is cleared before the optimizer
-        # steps). Adasum does not average, so there it is a separate allreduce. With --compression
-        # fp16 the loss is averaged in fp16 too (3 significant digits).
+        # outside the model and the autograd graph, whose "gradient" is set to [stop flag / k, loss]
+        # before each backward pass, which then hands it to DistributedOptimizer by calling the hook
+        # Horovod registered for it (carry_stats) -- so it joins the same group as the gradients,
+        # and the averaged "gradient" is [the fraction of ranks asked to stop, the mean loss]: eight
+        # bytes next to the gradients instead of collectives of their own (a stop allreduce per step
+        # cost 20-25% of a 1 ms CPU step here; a loss allreduce per logged step about 1%). Set
+        # directly, it skips the autograd nodes that carrying it through the graph cost (stack, dot,
+        # add and their backward: about 1% of a 5 ms step), and the loss scaler never scales it. It
+        # is never updated (lr 0, and its gradient is cleared before the optimizer steps). Adasum
+        # does not average, so there it is a separate allreduce. With --compression fp16 the loss is
+        # averaged in fp16 too (3 significant digits).
         self.stats_in_gradients = not cfg.horovod.adasum
         # With 2+ workers Horovod's Adasum optimizer is a different kind: it runs the wrapped
         # optimizer per parameter inside backward and reduces the updates, which step() then applies
@@ -240,6 +242,12 @@ class Trainer:
             op=hvd.Adasum if cfg.horovod.adasum else hvd.Average,
             groups=self.gradient_groups or None,
         )
+        # Horovod's per-parameter hook (pinned horovod 0.28.1, private API): counts the stats ready
+        # and, once the rest of their group is, sends the group (tests/train, allreduce probe). With
+        # one worker outside elastic mode Horovod registers no hooks: synchronize() reduces every
+        # gradient then, the stats' too.
+        self.stats_ready = (self.optimizer._make_hook(self.step_stats)
+                            if self.stats_in_gradients and self.optimizer._grad_accs else None)
         self.amp_dtype = autocast_dtype(cfg.precision)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
                          if self.amp_dtype is not None else nullcontext)
@@ -289,6 +297,16 @@ class Trainer:
         return (self.dataset.x.index_select(0, idx).to(self.device, non_blocking=True),
                 self.dataset.y.index_select(0, idx).to(self.device, non_blocking=True))
 
+    def carry_stats(self, stop_share: float, loss: torch.Tensor) -> None:
+        """Add [stop_share, loss] to the stats' "gradient" and count it ready for this backward pass
+        (see build()): like a gradient, it is summed over the step's backward passes and reduced
+        with the last."""
+        stats = torch.stack((torch.full((), stop_share, device=self.device), loss.float()))
+        grad = self.step_stats.grad
+        self.step_stats.grad = stats if grad is None else grad + stats
+        if self.stats_ready is not None:
+            self.stats_ready()
+
     def train_step(self, progress) -> float:
         """One optimizer step. Returns the fraction of ranks asked to stop (the same on every rank);
         the step's loss, averaged over the ranks, goes to last_loss."""
@@ -310,10 +328,7 @@ class Trainer:
             scaled = loss / k if k > 1 else loss
             objective = self.scaler.scale(scaled) if self.scaler is not None else scaled
             if self.stats_in_gradients:
-                # Added after loss scaling, so the stats' gradient is not scaled (see build()).
-                stats = torch.stack((torch.full((), stop_flag / k, device=self.device),
-                                     scaled.detach().float()))
-                objective = objective + torch.dot(self.step_stats, stats)
+                self.carry_stats(stop_flag / k, scaled.detach())
             else:
                 step_loss = scaled.detach() if step_loss is None else step_loss + scaled.detach()
             objective.backward()
