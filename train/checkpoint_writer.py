@@ -213,9 +213,11 @@ class CheckpointWriter:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             theirs.close()
         self._sock = ours
-        with contextlib.suppress(OSError):  # now, not once the child gets round to it
+        # Now, not once the child gets round to it; where either is not permitted, it still works.
+        with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, self._proc.pid, NICE)
-            if cpus:
+        if cpus:
+            with contextlib.suppress(OSError):
                 os.sched_setaffinity(self._proc.pid, cpus)
 
     def wait_ready(self) -> None:
@@ -242,6 +244,9 @@ class CheckpointWriter:
         if self._new_buffer_fd is not None:
             os.close(self._new_buffer_fd)
         size = max(nbytes, 1)
+        # A memfd, not a file in /dev/shm: containers often cap /dev/shm at 64 MB (Docker's default),
+        # while a memfd counts against the pod's memory limit only; and it vanishes with its last
+        # user, so a killed trainer leaks nothing.
         fd = os.memfd_create("ringtrain-checkpoint", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)

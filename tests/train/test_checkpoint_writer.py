@@ -152,14 +152,15 @@ def test_a_writer_killed_mid_write_is_an_error_not_a_hang(tmp_path, monkeypatch)
     assert not (tmp_path / "step-000000001" / "manifest.json").exists()
 
 
-def test_the_child_is_niced_ignores_sigterm_and_writes_to_s3(object_store, s3_bucket, monkeypatch):
+def test_the_child_is_niced_placed_ignores_sigterm_and_writes_to_s3(object_store, s3_bucket, monkeypatch):
     for k, v in object_store.env().items():
         monkeypatch.setenv(k, v)
     uri = f"s3://{s3_bucket}/ck"
-    writer = CheckpointWriter(uri, object_store.endpoint_url, keep=3)
+    last_core = max(os.sched_getaffinity(0))
+    writer = CheckpointWriter(uri, object_store.endpoint_url, keep=3, cpus=[last_core])
     try:
         child = psutil.Process(writer._proc.pid)
-        assert child.nice() == 19
+        assert child.nice() == 19 and child.cpu_affinity() == [last_core]
         writer.submit(5, _state(5))
         child.send_signal(signal.SIGTERM)  # a spot reclaim signals the whole process group
         writer.wait()
