@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import math
 import mmap
 import os
 import pickle
@@ -64,46 +65,50 @@ class Slot:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
 
 
+def map_tensors(x, leaf):
+    """`x` with every leaf `leaf` claims replaced: containers (dicts, lists, plain tuples) are rebuilt
+    with their type and attributes (a state_dict's OrderedDict carries `_metadata`, which
+    load_state_dict uses); `leaf(v)` returns the replacement, or v itself for anything it leaves."""
+    if isinstance(x, dict):
+        out = type(x)((k, map_tensors(v, leaf)) for k, v in x.items())
+        if getattr(x, "__dict__", None):
+            out.__dict__.update(vars(x))  # no copy needed: the skeleton is pickled at once
+        return out
+    if isinstance(x, list):
+        return [map_tensors(v, leaf) for v in x]
+    if type(x) is tuple:
+        return tuple(map_tensors(v, leaf) for v in x)
+    return leaf(x)
+
+
 def layout(state) -> tuple[object, list[tuple[torch.Tensor, Slot]], int]:
     """(skeleton, tensors, bytes): the state with every tensor replaced by its Slot in a buffer of
     `bytes` bytes, and the (tensor, slot) pairs to copy. A tensor that appears twice (tied weights)
-    gets one slot, so it stays shared in the checkpoint. Containers keep their type and attributes
-    (a state_dict's OrderedDict carries `_metadata`, which load_state_dict uses)."""
+    gets one slot, so it stays shared in the checkpoint. Numbers, strings and None stay as they are
+    (pickled with the skeleton)."""
     slots: dict[int, Slot] = {}
     tensors: list[tuple[torch.Tensor, Slot]] = []
     end = 0
 
-    def walk(x):
+    def slot_of(x):
         nonlocal end
-        if isinstance(x, torch.Tensor):
-            if id(x) not in slots:
-                slot = Slot(end, x.dtype, tuple(x.shape))
-                slots[id(x)] = slot
-                tensors.append((x, slot))
-                end += -(-slot.nbytes // ALIGN) * ALIGN
-            return slots[id(x)]
-        if isinstance(x, dict):
-            out = type(x)((k, walk(v)) for k, v in x.items())
-            if getattr(x, "__dict__", None):
-                out.__dict__.update(vars(x))  # no copy needed: submit pickles the skeleton at once
-            return out
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        if type(x) is tuple:
-            return tuple(walk(v) for v in x)
-        return x  # numbers, strings, None: pickled as they are now
+        if not isinstance(x, torch.Tensor):
+            return x
+        if id(x) not in slots:
+            slot = Slot(end, x.dtype, tuple(x.shape))
+            slots[id(x)] = slot
+            tensors.append((x, slot))
+            end += -(-slot.nbytes // ALIGN) * ALIGN
+        return slots[id(x)]
 
-    skeleton = walk(state)
+    skeleton = map_tensors(state, slot_of)
     return skeleton, tensors, end
 
 
@@ -114,29 +119,20 @@ def rebuild(skeleton, buffer) -> object:
     exactly as it would the live tensors; one Slot object seen twice is one tensor."""
     built: dict[int, torch.Tensor] = {}
 
-    def walk(x):
-        if isinstance(x, Slot):
-            # By identity: pickling keeps a tied tensor's one Slot one object; an empty tensor's
-            # offset may equal the next tensor's.
-            if id(x) not in built:
-                if x.numel == 0:
-                    built[id(x)] = torch.empty(x.shape, dtype=x.dtype)
-                else:
-                    flat = torch.frombuffer(buffer, dtype=x.dtype, count=x.numel, offset=x.offset)
-                    built[id(x)] = flat.view(x.shape)
-            return built[id(x)]
-        if isinstance(x, dict):
-            out = type(x)((k, walk(v)) for k, v in x.items())
-            if getattr(x, "__dict__", None):
-                out.__dict__.update(vars(x))
-            return out
-        if isinstance(x, list):
-            return [walk(v) for v in x]
-        if type(x) is tuple:
-            return tuple(walk(v) for v in x)
-        return x
+    def tensor_of(x):
+        if not isinstance(x, Slot):
+            return x
+        # By identity: pickling keeps a tied tensor's one Slot one object; an empty tensor's offset
+        # may equal the next tensor's.
+        if id(x) not in built:
+            if x.numel == 0:
+                built[id(x)] = torch.empty(x.shape, dtype=x.dtype)
+            else:
+                flat = torch.frombuffer(buffer, dtype=x.dtype, count=x.numel, offset=x.offset)
+                built[id(x)] = flat.view(x.shape)
+        return built[id(x)]
 
-    return walk(skeleton)
+    return map_tensors(skeleton, tensor_of)
 
 
 # ---- messages: a length-prefixed pickle, with file descriptors riding on the length ------------
@@ -161,11 +157,7 @@ def _recv_exactly(sock: socket.socket, n: int, head: bytes = b"") -> bytes | Non
 def recv_message(sock: socket.socket) -> tuple[object, list[int]] | None:
     """(message, received fds), or None once the other end has closed."""
     head, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, 4)
-    if not head:
-        for fd in fds:
-            os.close(fd)
-        return None
-    header = _recv_exactly(sock, _LENGTH.size, head)
+    header = _recv_exactly(sock, _LENGTH.size, head) if head else None
     payload = header and _recv_exactly(sock, _LENGTH.unpack(header)[0])
     if payload is None:
         for fd in fds:
@@ -421,9 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(args.parent_pid)
     for sig in _CHILD_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_IGNORES)
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_IGNORES)  # (its niceness the trainer set)
     sock = socket.socket(fileno=args.fd)
     try:
         checkpoints = CheckpointStore(open_store(args.uri, args.endpoint_url), args.keep)
