@@ -109,6 +109,7 @@ class TrainerRun:
             "checkpoints_written": summary["checkpoints_written"],
             # training time spent waiting for the previous checkpoint's write (see train.checkpoint_writer)
             "checkpoint_wait_s": summary["checkpoint_wait_s"],
+            "checkpoint_write_max_s": summary["checkpoint_write_max_s"],
             "cpus": summary["cpu_affinity"],  # rank 0's cores, as the trainer pinned them (or None)
             "run_id": run_id,
             "records": records,
@@ -121,35 +122,54 @@ def step_durations(records: list[dict]) -> dict[int, float]:
     return {s: t - times[s - 1] for s, t in times.items() if s - 1 in times}
 
 
-def stall_estimate(runs: list[dict[int, float]], checkpoint_steps: list[int], every: int) -> dict:
+def stall_estimate(runs: list[dict[int, float]], checkpoint_steps: list[int], every: int,
+                   write_s: float = 0.0) -> dict:
     """Training time lost per checkpoint, from per-step durations of runs that checkpoint every `every`
-    steps after each step in `checkpoint_steps`.
+    steps, after each step in `checkpoint_steps`; `write_s` is the longest write the trainer reported.
 
-    Position p (1..every) is the p-th step after a checkpoint. Its typical duration is the median over
-    all checkpoints of all runs (a burst of a neighbour's work hits one checkpoint, not the median).
-    The baseline step is the median over the last quarter of positions, the steps furthest from the
-    previous checkpoint; the loss is the sum of every position's excess over it. The first position
-    holds what runs on the training thread (the collective, the state snapshot, serialization); later
-    positions hold the background upload's competition for the CPU.
+    Each checkpoint is measured against its own interval. Its "after" steps hold the copy on the
+    training thread and whatever the write takes from training while it runs: the fewest steps, at
+    least half the interval, whose time covers the longest write after every checkpoint. The rest of
+    the interval, up to the next checkpoint, is its baseline: the loss is the time of the after steps
+    less as many baseline steps (their mean). The two parts run back to back in the same processes,
+    so a machine that gets busier or quieter over a run shifts both alike; the figure is the median
+    over all checkpoints of all runs (a neighbour's burst hits one checkpoint, not the median). When
+    no such split leaves a fifth of the interval for the baseline, the write outlasts what can be
+    measured: `write_within_after` is False and the figure is a lower bound.
+
+    Also, position p (1..every) is the p-th step after a checkpoint: its excess is the median over all
+    checkpoints of its duration, less the median baseline step (`baseline_step_s`); the first
+    position's excess is what the training thread pays itself.
     """
     if every < 4:
         raise ValueError(f"every={every}: need at least 4 steps between checkpoints to find a baseline")
-    by_position: dict[int, list[float]] = {p: [] for p in range(1, every + 1)}
+    windows = []
     for durations in runs:
         for c in checkpoint_steps:
-            for p in by_position:
-                if c + p in durations:
-                    by_position[p].append(durations[c + p])
-    empty = [p for p, v in by_position.items() if not v]
-    if empty:
-        raise ValueError(f"no step durations at positions {empty} after checkpoints {checkpoint_steps}")
-    tail = [d for p, v in by_position.items() if p > every - every // 4 for d in v]
-    baseline = statistics.median(tail)
-    excess = {p: statistics.median(v) - baseline for p, v in by_position.items()}
+            window = [durations.get(c + p) for p in range(1, every + 1)]
+            if None in window:
+                missing = [c + p for p, d in enumerate(window, 1) if d is None]
+                raise ValueError(f"no step durations for steps {missing[:5]} after checkpoint step {c} "
+                                 f"(positions 1..{every} are needed)")
+            windows.append(window)
+    if not windows:
+        raise ValueError("no checkpoints to measure")
+    longest_after = every - max(1, every // 5)
+    after = next((k for k in range(every // 2, longest_after + 1)
+                  if all(sum(w[:k]) > write_s for w in windows)), None)
+    contained = after is not None
+    if after is None:
+        after = longest_after
+    lost = [sum(w[:after]) - after * statistics.fmean(w[after:]) for w in windows]
+    baseline = statistics.median(d for w in windows for d in w[after:])
+    excess = [statistics.median(w[p] for w in windows) - baseline for p in range(every)]
     return {
         "baseline_step_s": baseline,
-        "first_step_excess_s": excess[1],
-        "lost_per_checkpoint_s": sum(excess.values()),
-        "excess_by_position_s": [excess[p] for p in sorted(excess)],
-        "checkpoints_measured": len(by_position[1]),
+        "first_step_excess_s": excess[0],
+        "lost_per_checkpoint_s": statistics.median(lost),
+        "lost_per_checkpoint_samples_s": lost,
+        "after_steps": after,
+        "write_within_after": contained,
+        "excess_by_position_s": excess,
+        "checkpoints_measured": len(lost),
     }

@@ -136,6 +136,7 @@ class Trainer:
         # By writers already closed (elastic mode may start several).
         self.checkpoints_written = 0
         self.checkpoint_wait_s = 0.0
+        self.checkpoint_write_max_s = 0.0
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -196,6 +197,7 @@ class Trainer:
             finally:
                 self.checkpoints_written += writer.written
                 self.checkpoint_wait_s += writer.waited_s
+                self.checkpoint_write_max_s = max(self.checkpoint_write_max_s, writer.write_s_max)
 
     # ---- model ------------------------------------------------------------------------------
     def build(self) -> None:
@@ -455,6 +457,8 @@ class Trainer:
             "resumed_from_step": self.resumed_from_step,
             "checkpoints_written": self.checkpoints_written,
             "checkpoint_wait_s": round(self.checkpoint_wait_s, 6),
+            # the longest checkpoint write (copy handed over -> uploaded), to set against the interval
+            "checkpoint_write_max_s": round(self.checkpoint_write_max_s, 6),
             "world_size": hvd.size(),
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,

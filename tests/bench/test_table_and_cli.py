@@ -106,25 +106,31 @@ def test_readme_section_is_rendered_from_the_results(results):
 def test_stall_rows_name_their_layout(results):
     from bench.report import markdown
 
-    def size(layout, step_s, lost_s):
+    def size(layout, step_s, lost_s, write_s=0.02, contained=True):
         return {"layout": layout, "workers": 1, "model": "mlp", "width": 256, "checkpoint_bytes": 700_000,
                 "baseline_step_s": step_s, "first_step_excess_s": 0.002, "lost_per_checkpoint_s": lost_s,
-                "lost_per_checkpoint_per_repeat_s": [lost_s], "lost_in_steps": lost_s / step_s,
-                "below_one_step": lost_s < step_s}
+                "lost_in_steps": lost_s / step_s, "below_one_step": contained and lost_s < step_s,
+                "write_max_s": [write_s], "write_within_after": contained,
+                "ab_lost_per_repeat_s": [lost_s + 0.01]}
 
     saturated = size("2 workers on 2 cores", 0.005, 0.030)
     saturated["writer_wait_s"] = [0.25, 0.0, 0.1]  # results from before this figure have none
+    long_write = size("1 worker, 1 thread, 2 cores", 0.010, 0.001, write_s=0.4, contained=False)
     results["sections"]["checkpoint_stall"] = {
-        "status": "ok", "every": 25, "repeats": 1,
-        "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004)]}
+        "status": "ok", "every": 50, "repeats": 1,
+        "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004), long_write]}
     text = markdown(results)
-    assert ("| 2 workers on 2 cores | 0.7 MB | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 30 ms | "
+    assert "the steps after it that cover the longest write (at least half the interval)" in text
+    assert ("| 2 workers on 2 cores | 0.7 MB | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 20 ms | 40 ms | "
             "250, 0, 100 ms |") in text
-    assert "| 1 worker, 1 thread, 2 cores | 0.7 MB | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 4 ms | – |" in text
+    assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 20 ms | 14 ms | "
+            "– |") in text
+    assert "| 400 ms (over 4/5 of the interval: no verdict) |" in text
     rows = table.render(results).splitlines()
     spare = [r for r in rows if r.strip().startswith("1 worker, 1 thread, 2 cores")]
     full = [r for r in rows if r.strip().startswith("2 workers on 2 cores")]
-    assert spare[0].endswith(" -  < 1 step") and full[0].endswith(" 100  >= 1 step")
+    assert spare[0].endswith(" 20              -  < 1 step") and full[0].endswith(" 100  >= 1 step")
+    assert spare[1].endswith("write outlasts 4/5 of the interval: no verdict")
 
 
 def test_table_shows_the_headline_with_pinned_ddp(results):

@@ -111,11 +111,42 @@ def test_stall_estimate_sums_the_excess_after_each_checkpoint():
     assert est["baseline_step_s"] == pytest.approx(0.02)
     assert est["first_step_excess_s"] == pytest.approx(0.05)
     assert est["lost_per_checkpoint_s"] == pytest.approx(0.07)  # the burst at one checkpoint is not counted
+    assert sorted(est["lost_per_checkpoint_samples_s"])[-1] == pytest.approx(4.07)  # ... but reported
+    assert est["after_steps"] == 10 and est["write_within_after"]  # half the interval: no write given
     assert est["checkpoints_measured"] == 6 and len(est["excess_by_position_s"]) == 20
 
 
+def test_stall_estimate_widens_the_after_steps_to_cover_the_longest_write():
+    # 10 ms steps, checkpoints every 20; each checkpoint's write takes 130 ms and costs 1 ms on each of
+    # the first 12 steps after it: half the interval (10 steps, ~110 ms) would miss part of it.
+    d = {s: 0.01 for s in range(1, 101)}
+    for c in (20, 40, 60):
+        for p in range(1, 13):
+            d[c + p] += 0.001
+    est = stall_estimate([d], [20, 40, 60], every=20, write_s=0.13)
+    assert est["after_steps"] == 12 and est["write_within_after"]  # 12 steps = 132 ms > 130 ms
+    assert est["lost_per_checkpoint_s"] == pytest.approx(0.012)
+    # without the write's length, half the interval: 10 ms of the cost inside, 2 ms in the baseline
+    assert stall_estimate([d], [20, 40, 60], every=20)["lost_per_checkpoint_s"] == pytest.approx(0.008)
+    # a write longer than all but a fifth of the interval: measured as far as it goes, and said so
+    long = stall_estimate([d], [20, 40, 60], every=20, write_s=0.5)
+    assert long["after_steps"] == 16 and not long["write_within_after"]
+
+
+def test_stall_estimate_compares_each_checkpoint_with_its_own_interval():
+    # A machine that slows down during the run (steps 20 ms at the start, 40 ms at the end), and a
+    # 30 ms cost on the first step after each checkpoint: each checkpoint is measured against the steps
+    # just before the next, so only the drift within one interval shows, not the run's whole spread.
+    d = {s: 0.02 + 0.0002 * s for s in range(1, 101)}
+    for c in (20, 40, 60):
+        d[c + 1] += 0.03
+    est = stall_estimate([d], [20, 40, 60], every=20)
+    # first half (steps c+1..c+10) minus second half (c+11..c+20): 0.03 - 10 * 10 * 0.0002
+    assert est["lost_per_checkpoint_s"] == pytest.approx(0.03 - 0.02)
+
+
 def test_stall_estimate_needs_room_after_each_checkpoint():
-    with pytest.raises(ValueError, match="positions"):
+    with pytest.raises(ValueError, match="after checkpoint step 20"):
         stall_estimate([{s: 0.02 for s in range(1, 30)}], [20], every=20)
     with pytest.raises(ValueError, match="at least 4"):
         stall_estimate([{}], [2], every=2)

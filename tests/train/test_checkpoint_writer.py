@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 from collections import OrderedDict
 
@@ -152,7 +153,7 @@ def test_a_writer_killed_mid_write_is_an_error_not_a_hang(tmp_path, monkeypatch)
     assert not (tmp_path / "step-000000001" / "manifest.json").exists()
 
 
-def test_the_child_is_niced_placed_ignores_sigterm_and_writes_to_s3(object_store, s3_bucket, monkeypatch):
+def test_the_child_is_niced_placed_ignores_sigterm_and_times_its_writes(object_store, s3_bucket, monkeypatch):
     for k, v in object_store.env().items():
         monkeypatch.setenv(k, v)
     uri = f"s3://{s3_bucket}/ck"
@@ -161,11 +162,14 @@ def test_the_child_is_niced_placed_ignores_sigterm_and_writes_to_s3(object_store
     try:
         child = psutil.Process(writer._proc.pid)
         assert child.nice() == 19 and child.cpu_affinity() == [last_core]
+        started = time.perf_counter()
         writer.submit(5, _state(5))
         child.send_signal(signal.SIGTERM)  # a spot reclaim signals the whole process group
         writer.wait()
         writer.submit(6, _state(6))
         writer.wait()
+        # the child's own timing of its writes: real (an S3 put takes time) and inside what we saw
+        assert 0 < writer.write_s_max < time.perf_counter() - started
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
     finally:
         writer.close()
