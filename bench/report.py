@@ -112,7 +112,7 @@ def markdown(r: dict) -> str:
     ck = s.get("checkpoint_stall", {})
     if ck.get("status") == "ok":
         out += [
-            f"**Checkpoint stall** (trainer, MLP of growing width, checkpoint every {ck['every']} steps "
+            "**Checkpoint stall** (trainer, MLP of growing width, a checkpoint every N steps "
             f"to the local S3 store, every step timed, {ck['repeats']} repeats; training time lost per "
             "checkpoint = the steps after it that cover the longest write (at least half the interval) "
             "minus as many steps at the mean of the rest of the interval, median over all checkpoints; "
@@ -122,16 +122,17 @@ def markdown(r: dict) -> str:
             "thread there is a core to spare, as on a GPU node, and what is left is what the training "
             "process itself pays):",
             "",
-            "| layout | checkpoint | one step | first step after it | lost per checkpoint | in steps "
-            "| longest write | cross-check per repeat | waited for the previous write (per run) |",
-            "|---|---:|---:|---:|---:|---:|---:|---|---|",
+            "| layout | checkpoint | every N steps | one step | first step after it | lost per checkpoint "
+            "| in steps | longest write | cross-check per repeat | waited for the previous write (per run) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.0f}" for x in z.get("ab_lost_per_repeat_s", []))
             write = max(z.get("write_max_s") or [0.0])
             flag = "" if z.get("write_within_after", True) else " (over 4/5 of the interval: no verdict)"
             out.append(f"| {z.get('layout', '')} | {z['checkpoint_bytes'] / 1e6:.1f} MB | "
-                       f"{z['baseline_step_s'] * 1e3:.1f} ms | +{z['first_step_excess_s'] * 1e3:.1f} ms | "
+                       f"{z.get('every', ck.get('every'))} | {z['baseline_step_s'] * 1e3:.1f} ms | "
+                       f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
                        f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} | "
                        f"{write * 1e3:.0f} ms{flag} | {per} ms | {_ms_list(z.get('writer_wait_s'))} |")
         out.append("")

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.compare import Contender, run_comparison
@@ -66,6 +66,34 @@ SPARE_CORE = StallLayout("1 worker, 1 thread, 2 cores", workers=1, env=(("OMP_NU
 
 
 @dataclass(frozen=True)
+class StallSize:
+    """One model size of the checkpoint-stall section: the MLP's width, the checkpoint interval and
+    the run's length in steps. The interval must outlast a write (or the checkpoints queue up and the
+    figure measures the store's throughput) with room to spare for a baseline after it: the smallest
+    model's steps take about 1 ms with a core to spare, while its write to the local store takes
+    15-40 ms, so it checkpoints every 100 steps, the others every 50."""
+
+    width: int
+    every: int
+    steps: int       # timed steps, after the warmup
+    warmup: int
+
+    def shape(self, workers: int) -> LoopShape:
+        return LoopShape(steps=self.steps, warmup=self.warmup, model="mlp", width=self.width,
+                         workers=workers)
+
+    def profiled(self) -> list[int]:
+        """The checkpoints measured: the first after warmup is the run's first upload (its client's
+        first requests), so from the second on, each with a whole interval after it."""
+        total = self.warmup + self.steps
+        steps = list(range(2 * self.every, total - self.every + 1, self.every))
+        if not steps:
+            raise ValueError(f"stall size w{self.width}: no checkpoint with {self.every} steps after it "
+                             f"in {total} steps")
+        return steps
+
+
+@dataclass(frozen=True)
 class Plan:
     """How big each section is: the full run and --quick differ only here."""
 
@@ -75,9 +103,7 @@ class Plan:
     shape: LoopShape                 # headline (trainer, bare Horovod, DDP) and recovery
     study: tuple[str, ...]           # settings of STUDY to run
     checkpoint_every: int            # headline trainer run
-    stall_widths: tuple[int, ...]    # mlp widths for the checkpoint-stall section
-    stall_shape: LoopShape
-    stall_every: int
+    stall_sizes: tuple[StallSize, ...]
     stall_repeats: int
     stall_layouts: tuple[StallLayout, ...]
     recovery_steps: int
@@ -91,12 +117,14 @@ class Plan:
 FULL = Plan(
     repeats=3, headline_repeats=5, study_shape=LoopShape(steps=100, warmup=20, width=64),
     shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
-    # A checkpoint every 50 steps: at 25, with the 1 ms steps of width 256, one was due every 25 ms,
-    # less than the local moto store takes to accept one (about 30 ms for 3 requests), so each waited
-    # for the last and the figure measured the store's throughput instead (the trainer now says so in
-    # a warning and the summary's checkpoint_wait_s, reported below).
-    stall_widths=(256, 1024, 2048), stall_shape=LoopShape(steps=250, warmup=50, model="mlp"),
-    stall_every=50, stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE),
+    # Intervals (see StallSize): at 25 steps, with the 1 ms steps of width 256, a checkpoint was due
+    # every 25 ms, less than the local moto store takes to accept one (15-40 ms for 3 requests), so
+    # each waited for the last and the figure measured the store's throughput instead (the trainer
+    # says so in a warning and the summary's checkpoint_wait_s, reported below).
+    stall_sizes=(StallSize(256, every=100, steps=600, warmup=50),
+                 StallSize(1024, every=50, steps=250, warmup=50),
+                 StallSize(2048, every=50, steps=250, warmup=50)),
+    stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE),
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
 )
@@ -104,8 +132,7 @@ QUICK = Plan(
     repeats=1, headline_repeats=1, study_shape=LoopShape(steps=30, warmup=10, width=16),
     shape=LoopShape(steps=30, warmup=10, width=16),
     study=("hvd-defaults", "hvd-threads1-pin-cycle0.5"), checkpoint_every=10,
-    stall_widths=(256,), stall_shape=LoopShape(steps=24, warmup=8, model="mlp"), stall_every=8,
-    stall_repeats=1, stall_layouts=(SATURATED,),
+    stall_sizes=(StallSize(256, every=8, steps=24, warmup=8),), stall_repeats=1, stall_layouts=(SATURATED,),
     recovery_steps=40, recovery_reclaim_at=15, recovery_checkpoint_every=10,
     plan_runs=1, plan_cold_runs=1, timeout_s=180,
 )
@@ -172,19 +199,13 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
     the same trainer without checkpoints, interleaved, and the difference of the two timed windows
     over the checkpoints inside them (unbiased but noisy: run-to-run spread of a few percent of the
     window is tens of ms per checkpoint here)."""
-    every = plan.stall_every
-    shape0 = plan.stall_shape
-    in_window = checkpoints_in_window(shape0.warmup, shape0.warmup + shape0.steps, every)
-    total = shape0.warmup + shape0.steps
-    # The first checkpoint after warmup is the first upload (connection set-up): profiled from the second.
-    profiled = list(range(2 * every, total - every + 1, every))
-    if not profiled:
-        raise ValueError(f"stall plan: no checkpoint with {every} steps after it in {total} steps")
     sizes = []
     with object_store() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         client = store.client()
-        for layout, width in ((lay, w) for lay in plan.stall_layouts for w in plan.stall_widths):
-            shape = replace(shape0, width=width, workers=layout.workers)
+        for layout, size in ((lay, z) for lay in plan.stall_layouts for z in plan.stall_sizes):
+            width, every, shape = size.width, size.every, size.shape(layout.workers)
+            profiled = size.profiled()
+            in_window = checkpoints_in_window(shape.warmup, shape.warmup + shape.steps, every)
             env = {**store.env(), **dict(layout.env)}
             tag = f"w{width}-np{layout.workers}"
             runs = {
@@ -216,6 +237,8 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             sizes.append({
                 "layout": layout.name, "workers": layout.workers, "env": dict(layout.env),
                 "model": "mlp", "width": width, "checkpoint_bytes": ckpt_bytes,
+                "every": every, "steps": shape.steps, "warmup": shape.warmup,
+                "checkpoints_in_window": in_window, "profiled_after_steps": profiled,
                 "baseline_step_s": step_s,
                 "lost_per_checkpoint_s": lost,
                 "lost_per_checkpoint_samples_s": profile["lost_per_checkpoint_samples_s"],
@@ -236,16 +259,15 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                     [[k, round(d, 6)] for k, d in sorted(step_durations(r["records"]).items())]
                     for r in records["checkpoints"]],
             })
-    return {"status": "ok", "every": every, "checkpoints_in_window": in_window,
-            "profiled_after_steps": profiled, "store_priority": STORE_PRIORITY, "repeats": plan.stall_repeats,
+    return {"status": "ok", "store_priority": STORE_PRIORITY, "repeats": plan.stall_repeats,
             "sizes": sizes,
             "method": "every step timed; lost per checkpoint = the time of the steps after it that cover "
-                      f"the longest write (after_steps, at least {every // 2}) minus as many steps at the "
-                      "mean of the rest of the interval, median over the checkpoints after steps "
-                      f"{profiled} of every repeat; no verdict when the write outlasts 4/5 of the "
+                      "the longest write (after_steps, at least half the interval) minus as many steps at "
+                      "the mean of the rest of the interval, median over the checkpoints after "
+                      "profiled_after_steps of every repeat; no verdict when the write outlasts 4/5 of the "
                       "interval; one step = the run without checkpoints' window / steps. "
                       "Cross-check (ab_*): the trainer with and without checkpoints, interleaved, same "
-                      f"window (steps {shape0.warmup}..{total}), (window with - window without) / "
+                      "window (the steps after the warmup), (window with - window without) / "
                       "checkpoints in the window, median over repeats. The writer process and the moto "
                       "S3 server share the same cores as training here (on AWS, S3's side runs "
                       "elsewhere), so with the cores full their CPU shows up as lost training time; the "

@@ -67,12 +67,12 @@ def _headline(s: dict) -> list[str]:
 
 def _stall(s: dict) -> list[str]:
     rows = [f"  {'layout':28} {'model':10} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} "
-            f"{'lost/ckpt ms':>13} {'in steps':>9} {'write ms':>9} {'waited ms/run':>14}  "
-            f"(checkpoint every {s['every']} steps)"]
+            f"{'every':>6} {'lost/ckpt ms':>13} {'in steps':>9} {'write ms':>9} {'waited ms/run':>14}"]
     for z in s["sizes"]:
         rows.append(f"  {z.get('layout', ''):28} {z['model'] + ' w' + str(z['width']):10} "
                     f"{z['checkpoint_bytes'] / 1e6:>14.1f} "
                     f"{z['baseline_step_s'] * 1e3:>9.1f} {z['first_step_excess_s'] * 1e3:>13.1f} "
+                    f"{z.get('every', s.get('every', 0)):>6} "
                     f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {z['lost_in_steps']:>9.2f} "
                     f"{max(z.get('write_max_s') or [0.0]) * 1e3:>9.0f} "
                     f"{_wait(z.get('writer_wait_s')):>14}  {_stall_verdict(z)}")

@@ -201,6 +201,10 @@ class CheckpointWriter:
         self._in_flight: int | None = None
         self._buffer: mmap.mmap | None = None
         self._view: torch.Tensor | None = None  # uint8 tensor over _buffer
+        # Typed views of _view, one per tensor of the last layout: a state's layout is the same at
+        # every checkpoint, and making the views costs three torch calls per tensor each time.
+        self._targets: list[torch.Tensor] = []
+        self._targets_for: list[Slot] | None = None
         self._new_buffer_fd: int | None = None  # a buffer the child has not been sent yet
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "train.checkpoint_writer", "--fd", str(theirs.fileno()),
@@ -243,7 +247,8 @@ class CheckpointWriter:
     def _ensure_capacity(self, nbytes: int) -> None:
         if self._buffer is not None and len(self._buffer) >= nbytes:
             return
-        self._view = None  # releases the tensor's export of the old mapping before it closes
+        self._view = None  # releases the tensors' exports of the old mapping before it closes
+        self._targets, self._targets_for = [], None
         if self._buffer is not None:
             self._buffer.close()
         if self._new_buffer_fd is not None:
@@ -269,10 +274,14 @@ class CheckpointWriter:
         self._wait_for_previous(step)
         skeleton, tensors, nbytes = layout(state)
         self._ensure_capacity(nbytes)
-        for tensor, slot in tensors:
-            if slot.numel:
-                region = self._view[slot.offset:slot.offset + slot.nbytes]
-                region.view(slot.dtype).view(slot.shape).copy_(tensor.detach())
+        slots = [slot for _, slot in tensors if slot.numel]
+        if slots != self._targets_for:
+            self._targets = [self._view[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                             for s in slots]
+            self._targets_for = slots
+        with torch.no_grad():
+            for target, (tensor, _) in zip(self._targets, (t for t in tensors if t[1].numel), strict=True):
+                target.copy_(tensor)
         fds = [self._new_buffer_fd] if self._new_buffer_fd is not None else []
         try:
             send_message(self._sock, ("write", step, skeleton), fds)
@@ -342,6 +351,7 @@ class CheckpointWriter:
                 self._proc.kill()
                 self._proc.wait()
             self._view = None
+            self._targets, self._targets_for = [], None
             if self._buffer is not None:
                 self._buffer.close()
                 self._buffer = None

@@ -108,7 +108,8 @@ def test_stall_rows_name_their_layout(results):
 
     def size(layout, step_s, lost_s, write_s=0.02, contained=True):
         return {"layout": layout, "workers": 1, "model": "mlp", "width": 256, "checkpoint_bytes": 700_000,
-                "baseline_step_s": step_s, "first_step_excess_s": 0.002, "lost_per_checkpoint_s": lost_s,
+                "every": 50, "baseline_step_s": step_s, "first_step_excess_s": 0.002,
+                "lost_per_checkpoint_s": lost_s,
                 "lost_in_steps": lost_s / step_s, "below_one_step": contained and lost_s < step_s,
                 "write_max_s": [write_s], "write_within_after": contained,
                 "ab_lost_per_repeat_s": [lost_s + 0.01]}
@@ -117,14 +118,14 @@ def test_stall_rows_name_their_layout(results):
     saturated["writer_wait_s"] = [0.25, 0.0, 0.1]  # results from before this figure have none
     long_write = size("1 worker, 1 thread, 2 cores", 0.010, 0.001, write_s=0.4, contained=False)
     results["sections"]["checkpoint_stall"] = {
-        "status": "ok", "every": 50, "repeats": 1,
+        "status": "ok", "repeats": 1,
         "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004), long_write]}
     text = markdown(results)
     assert "the steps after it that cover the longest write (at least half the interval)" in text
-    assert ("| 2 workers on 2 cores | 0.7 MB | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 20 ms | 40 ms | "
+    assert ("| 2 workers on 2 cores | 0.7 MB | 50 | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 20 ms | 40 ms | "
             "250, 0, 100 ms |") in text
-    assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 20 ms | 14 ms | "
-            "– |") in text
+    assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 50 | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 20 ms | "
+            "14 ms | – |") in text
     assert "| 400 ms (over 4/5 of the interval: no verdict) |" in text
     rows = table.render(results).splitlines()
     spare = [r for r in rows if r.strip().startswith("1 worker, 1 thread, 2 cores")]

@@ -3,7 +3,7 @@
 import pytest
 
 from bench.peer import HorovodSettings, LoopShape
-from bench.sections import checkpoints_in_window, recovery_figures
+from bench.sections import StallSize, checkpoints_in_window, recovery_figures
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations, window_rate
 
 
@@ -143,6 +143,13 @@ def test_stall_estimate_compares_each_checkpoint_with_its_own_interval():
     est = stall_estimate([d], [20, 40, 60], every=20)
     # first half (steps c+1..c+10) minus second half (c+11..c+20): 0.03 - 10 * 10 * 0.0002
     assert est["lost_per_checkpoint_s"] == pytest.approx(0.03 - 0.02)
+
+
+def test_stall_sizes_measure_from_the_second_checkpoint_with_a_whole_interval_after_each():
+    assert StallSize(256, every=100, steps=600, warmup=50).profiled() == [200, 300, 400, 500]
+    assert StallSize(1024, every=50, steps=250, warmup=50).profiled() == [100, 150, 200, 250]
+    with pytest.raises(ValueError, match="no checkpoint with 50 steps after it in 140 steps"):
+        StallSize(1024, every=50, steps=100, warmup=40).profiled()
 
 
 def test_stall_estimate_needs_room_after_each_checkpoint():
