@@ -8,11 +8,11 @@ whenever it needed it, which cost 3-31 ms per checkpoint even with a core to spa
 the state over the same memory, serializes it, checksums and uploads it (CheckpointStore.write).
 
 Priority: niceness 19, not SCHED_IDLE. SCHED_IDLE hands a waking training thread its core back
-sooner, but on a node whose cores training fills it starves the write: measured here (bench/,
-checkpoint stall, 2 workers on 2 cores, writer and local S3 server both SCHED_IDLE) writes of 9 MB
-and 35 MB took 0.7 s and 2.4 s, longer than the checkpoint interval, so training waited for them
-(0.24 and 0.65 s per run) where at niceness 19 it never did; and its gain in trainer efficiency was
-inside the noise (0.983 against 0.977, median of 9 interleaved repeats).
+sooner, but on a node whose cores training fills it leaves the write less CPU still, and training
+waits for it at the next checkpoint: 0.24 and 0.65 s per run for 9 and 35 MB checkpoints against
+0.01 and 0.04 s at niceness 19 (bench/, checkpoint stall, 2 workers on 2 cores, writer and local S3
+server under the same policy, one run each). Its gain in trainer efficiency was inside the noise
+(0.983 against 0.977, median of 9 interleaved repeats).
 
 Lifetime: the child starts with the writer and ends when the writer is closed, or when its socket
 closes because the trainer exited. If the trainer is killed, the kernel kills the child too
