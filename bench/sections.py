@@ -115,7 +115,7 @@ class Plan:
 
 
 FULL = Plan(
-    repeats=3, headline_repeats=5, study_shape=LoopShape(steps=100, warmup=20, width=64),
+    repeats=3, headline_repeats=9, study_shape=LoopShape(steps=100, warmup=20, width=64),
     shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
     # Intervals (see StallSize): at 25 steps, with the 1 ms steps of width 256, a checkpoint was due
     # every 25 ms, less than the local moto store takes to accept one (15-40 ms for 3 requests), so
