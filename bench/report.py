@@ -127,7 +127,7 @@ def markdown(r: dict) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for z in ck["sizes"]:
-            per = ", ".join(f"{x * 1e3:.0f}" for x in z.get("ab_lost_per_repeat_s", []))
+            per = ", ".join(f"{x * 1e3:.1f}" for x in z.get("ab_lost_per_repeat_s", []))
             write = max(z.get("write_max_s") or [0.0])
             flag = "" if z.get("write_within_after", True) else " (over 4/5 of the interval: no verdict)"
             out.append(f"| {z.get('layout', '')} | {z['checkpoint_bytes'] / 1e6:.1f} MB | "

@@ -122,10 +122,10 @@ def test_stall_rows_name_their_layout(results):
         "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004), long_write]}
     text = markdown(results)
     assert "the steps after it that cover the longest write (at least half the interval)" in text
-    assert ("| 2 workers on 2 cores | 0.7 MB | 50 | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 20 ms | 40 ms | "
+    assert ("| 2 workers on 2 cores | 0.7 MB | 50 | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 20 ms | 40.0 ms | "
             "250, 0, 100 ms |") in text
     assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 50 | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 20 ms | "
-            "14 ms | – |") in text
+            "14.0 ms | – |") in text
     assert "| 400 ms (over 4/5 of the interval: no verdict) |" in text
     rows = table.render(results).splitlines()
     spare = [r for r in rows if r.strip().startswith("1 worker, 1 thread, 2 cores")]
