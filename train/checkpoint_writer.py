@@ -244,11 +244,15 @@ class CheckpointWriter:
                 f"unexpected first message from the checkpoint writer: {kind}")
         self._ready = True
 
+    def _drop_views(self) -> None:
+        """Release the tensors over the buffer: it cannot close while they export its memory."""
+        self._view = None
+        self._targets, self._targets_for = [], None
+
     def _ensure_capacity(self, nbytes: int) -> None:
         if self._buffer is not None and len(self._buffer) >= nbytes:
             return
-        self._view = None  # releases the tensors' exports of the old mapping before it closes
-        self._targets, self._targets_for = [], None
+        self._drop_views()
         if self._buffer is not None:
             self._buffer.close()
         if self._new_buffer_fd is not None:
@@ -274,13 +278,14 @@ class CheckpointWriter:
         self._wait_for_previous(step)
         skeleton, tensors, nbytes = layout(state)
         self._ensure_capacity(nbytes)
-        slots = [slot for _, slot in tensors if slot.numel]
+        copies = [(tensor, slot) for tensor, slot in tensors if slot.numel]
+        slots = [slot for _, slot in copies]
         if slots != self._targets_for:
             self._targets = [self._view[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
                              for s in slots]
             self._targets_for = slots
         with torch.no_grad():
-            for target, (tensor, _) in zip(self._targets, (t for t in tensors if t[1].numel), strict=True):
+            for target, (tensor, _) in zip(self._targets, copies, strict=True):
                 target.copy_(tensor)
         fds = [self._new_buffer_fd] if self._new_buffer_fd is not None else []
         try:
@@ -350,8 +355,7 @@ class CheckpointWriter:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-            self._view = None
-            self._targets, self._targets_for = [], None
+            self._drop_views()
             if self._buffer is not None:
                 self._buffer.close()
                 self._buffer = None
