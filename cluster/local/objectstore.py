@@ -1,4 +1,5 @@
-"""An S3-compatible object store for the local backend and the tests: moto in server mode.
+"""An S3-compatible object store for the local backend and the tests: moto in server mode
+(cluster.local.moto_server: moto's application behind cheroot).
 
 It runs as its own process (not a thread of the caller) so training processes, which may live in
 other network namespaces, talk to it over real HTTP exactly as they would talk to S3, and so a
@@ -26,6 +27,9 @@ LOCAL_CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "ringtrain-local-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+
+SERVER_MODULE = "cluster.local.moto_server"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,7 +71,7 @@ class ObjectStore:
         if not self.port:
             self.port = free_port(self.host)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
+            [sys.executable, "-m", SERVER_MODULE, "-H", self.host, "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, **LOCAL_CREDENTIALS},

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from cluster.local import network, procs
+from cluster.local.objectstore import SERVER_MODULE
 
 WORKDIR_PREFIX = "ringtrain-local-"
 OWNER_FILE = "owner.json"
@@ -74,7 +75,7 @@ def _processes_of(workdir: Path, store: list | None) -> list[psutil.Process]:
         text = " ".join(cmd)
         if str(workdir) in text:
             found.append(p)   # sshd (-f <workdir>/...), horovodrun (its key), trainers (metrics file)
-        elif store and "moto.server" in text and f"-H {store[0]} -p {store[1]}" in text:
+        elif store and SERVER_MODULE in text and f"-H {store[0]} -p {store[1]}" in text:
             found.append(p)   # the object store (ObjectStore's command line)
     return found
 
