@@ -212,8 +212,8 @@ def check_environment(backend: str) -> None:
     if backend == "local":
         if shutil.which("horovodrun") is None and importlib.util.find_spec("horovod.runner") is None:
             missing.append("horovodrun")
-        if importlib.util.find_spec("moto") is None:
-            missing.append("moto")
+        # the local S3 store: moto's application, served by cheroot (cluster/local/moto_server.py)
+        missing += [m for m in ("moto", "cheroot") if importlib.util.find_spec(m) is None]
     if missing:
         raise BackendError(f"missing {', '.join(missing)}: run scripts/setup first (it installs the pinned "
                            "environment into .venv)")

@@ -66,3 +66,16 @@ def test_bad_arguments_exit_non_zero(argv):
     with pytest.raises(SystemExit) as e:
         moto_server.main(argv)
     assert e.value.code == 2
+
+
+def test_the_local_backend_asks_for_setup_without_the_store_server(monkeypatch):
+    import importlib.util
+
+    from cluster.backend import BackendError
+    from cluster.cli import check_environment
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "cheroot" else real(name))
+    with pytest.raises(BackendError, match=r"missing cheroot: run scripts/setup"):
+        check_environment("local")
+    check_environment("aws")  # the AWS backend runs no local store
