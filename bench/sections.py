@@ -70,8 +70,9 @@ class StallSize:
     """One model size of the checkpoint-stall section: the MLP's width, the checkpoint interval and
     the run's length in steps. The interval must outlast a write (or the checkpoints queue up and the
     figure measures the store's throughput) with room to spare for a baseline after it: the smallest
-    model's steps take about 1 ms with a core to spare, while its write to the local store takes
-    15-40 ms, so it checkpoints every 100 steps, the others every 50."""
+    model's steps take about 1 ms with a core to spare, while its write to the local store took
+    15-40 ms (25 ms at most since the store keeps connections alive), so it checkpoints every 100
+    steps, the others every 50."""
 
     width: int
     every: int
@@ -118,7 +119,7 @@ FULL = Plan(
     repeats=3, headline_repeats=9, study_shape=LoopShape(steps=100, warmup=20, width=64),
     shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
     # Intervals (see StallSize): at 25 steps, with the 1 ms steps of width 256, a checkpoint was due
-    # every 25 ms, less than the local moto store takes to accept one (15-40 ms for 3 requests), so
+    # every 25 ms, less than the local moto store took to accept one (15-40 ms for 3 requests), so
     # each waited for the last and the figure measured the store's throughput instead (the trainer
     # says so in a warning and the summary's checkpoint_wait_s, reported below).
     stall_sizes=(StallSize(256, every=100, steps=600, warmup=50),
