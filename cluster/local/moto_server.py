@@ -84,16 +84,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # As moto.server does: moto builds some URLs it returns (e.g. presigned) from this.
     os.environ.setdefault("MOTO_PORT", str(args.port))
-    server = wsgi.Server((args.host, args.port), build_app(), request_queue_size=REQUEST_QUEUE_SIZE,
+    server = wsgi.Server((args.host, args.port), None, request_queue_size=REQUEST_QUEUE_SIZE,
                          server_name="ringtrain-moto")
     server.gateway = moto_gateway()
-
-    # SIGTERM (ObjectStore.stop) ends the process at once: the store lives in memory only.
     try:
-        server.prepare()  # binds: a port in use fails here, with cheroot's message, and exit 1
+        server.prepare()  # binds first: a port in use ends here, before moto is loaded
     except OSError as e:
         print(f"moto_server: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
+    server.wsgi_app = build_app()
+    # SIGTERM (ObjectStore.stop) ends the process at once: the store lives in memory only.
     try:
         server.serve()
     except KeyboardInterrupt:
