@@ -52,15 +52,19 @@ def moto_gateway():
     class MotoGateway(wsgi.Gateway_10):
         def get_environ(self):
             environ = super().get_environ()
-            headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.req.inheaders.items()]
-            dashed = {environ_key_for_header(n): v for n, v in headers if "_" not in n}
             names: dict[str, str] = {}
-            for name, _ in headers:
-                key = environ_key_for_header(name)
-                if should_preserve_original_header_name(name) and key not in dashed:
-                    names.setdefault(key, name)
-            # Never let an underscored header stand in for a dashed one (moto's rule).
-            environ.update(dashed)
+            headers = self.req.inheaders
+            underscored = [n.decode("latin-1") for n in headers if b"_" in n]
+            if underscored:  # rare: most requests pay nothing more than cheroot's own environ
+                dashed = {environ_key_for_header(n.decode("latin-1")): v.decode("latin-1")
+                          for n, v in headers.items() if b"_" not in n}
+                for name in underscored:
+                    key = environ_key_for_header(name)
+                    if key in dashed:
+                        # Never let an underscored header stand in for a dashed one (moto's rule).
+                        environ[key] = dashed[key]
+                    elif should_preserve_original_header_name(name):
+                        names.setdefault(key, name)
             environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
             return environ
 
