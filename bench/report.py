@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from bench.results import RESULTS_DIR
+from bench.stats import median_interval
 
 
 def _x(v: float) -> str:
@@ -25,6 +26,12 @@ def _ms_list(values: list[float] | None) -> str:
 def _x_target(v: float) -> str:
     """A ratio checked against a target: three decimals, so 0.966 does not read as a met 0.97."""
     return f"{v:.3f}×"
+
+
+def _interval(per_repeat: list[float]) -> str:
+    """The median's distribution-free interval of at least 95 % (bench.stats.median_interval)."""
+    ci = median_interval(per_repeat)
+    return "– (too few repeats)" if ci is None else f"{ci.low:.3f}–{ci.high:.3f}"
 
 
 def _settings(cfg: dict) -> str:
@@ -51,7 +58,10 @@ def markdown(r: dict) -> str:
         "interleaved (rotated order, one run each per repeat) and reports the median of the per-repeat "
         "ratios. The machine was shared with other work while this ran "
         f"(load average {m['load_avg'][0]:.1f} at the start), so single samples swing widely: read the "
-        "ratios, and the per-repeat spread in the JSON.",
+        "ratios, and the per-repeat spread in the JSON. The 95 % interval of a ratio is distribution-free "
+        "(from the order of the per-repeat ratios: the k-th smallest to the k-th largest, with k from "
+        "the binomial distribution; e.g. with 9 repeats, the 2nd to the 8th, 96 % coverage): the median "
+        "of a much longer series lies inside it with that probability.",
         "",
     ]
     h = s.get("headline", {})
@@ -69,23 +79,26 @@ def markdown(r: dict) -> str:
             f"({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one torch thread per "
             "worker):",
             "",
-            "| contender | median samples/s | ratio | target |",
-            "|---|---:|---:|---|",
+            "| contender | median samples/s | ratio | 95 % interval of the ratio | target |",
+            "|---|---:|---:|---|---|",
             f"| trainer / bare Horovod loop | {c['trainer']['median']:.0f} / {c['bare-hvd']['median']:.0f} | "
-            f"{_x_target(e['trainer_vs_bare_hvd'])} | ≥ 0.97: {'met' if e['met'] else '**not met**'} |",
+            f"{_x_target(e['trainer_vs_bare_hvd'])} | {_interval(e['per_repeat'])} | "
+            f"≥ 0.97: {'met' if e['met'] else '**not met**'} |",
             f"| trainer / torch DDP (Gloo) | {c['trainer']['median']:.0f} / {c['ddp']['median']:.0f} | "
-            f"{_x_target(p['trainer']['median'])} | "
+            f"{_x_target(p['trainer']['median'])} | {_interval(p['trainer']['per_repeat'])} | "
             f"≥ 1.0: {'met' if p['trainer']['met'] else '**not met**'} |",
             f"| bare Horovod / torch DDP | {c['bare-hvd']['median']:.0f} / {c['ddp']['median']:.0f} | "
-            f"{_x(p['bare-hvd']['median'])} | |",
+            f"{_x(p['bare-hvd']['median'])} | {_interval(p['bare-hvd']['per_repeat'])} | |",
         ]
         pp = h.get("peer_pinned")
         if pp and "ddp-pin" in c:
             out += [
                 f"| trainer / DDP pinned like the trainer | {c['trainer']['median']:.0f} / "
-                f"{c['ddp-pin']['median']:.0f} | {_x(pp['trainer']['median'])} | like with like; no target |",
+                f"{c['ddp-pin']['median']:.0f} | {_x(pp['trainer']['median'])} | "
+                f"{_interval(pp['trainer']['per_repeat'])} | like with like; no target |",
                 f"| bare Horovod / DDP pinned alike | {c['bare-hvd']['median']:.0f} / "
-                f"{c['ddp-pin']['median']:.0f} | {_x(pp['bare-hvd']['median'])} | |",
+                f"{c['ddp-pin']['median']:.0f} | {_x(pp['bare-hvd']['median'])} | "
+                f"{_interval(pp['bare-hvd']['per_repeat'])} | |",
             ]
         out += [""]
     st = s.get("peer_study", {})

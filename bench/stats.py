@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 
 def interleaved_order(names: Sequence[str], repeats: int) -> list[tuple[int, str]]:
@@ -27,6 +29,37 @@ def median(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("median of no values")
     return float(statistics.median(values))
+
+
+@dataclass(frozen=True)
+class MedianInterval:
+    low: float
+    high: float
+    confidence: float  # the interval's exact coverage, at least the confidence asked for
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> MedianInterval | None:
+    """A distribution-free confidence interval for the median: the k-th smallest and k-th largest
+    value, with k the largest rank whose binomial tail (each value falls below the true median with
+    probability 1/2) keeps the coverage at `confidence` or more. None when there are too few values
+    for any such interval (fewer than 6 at 95 %).
+
+    Per-repeat ratios of identical runs swing by a few percent on a shared machine; this says how far
+    their median could be from the one a long series would give, without assuming a distribution.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence}: must be between 0 and 1")
+    n = len(values)
+    ordered = sorted(values)
+    tail, k = 0.0, 0  # tail: P(fewer than k+1 of n values fall below the median)
+    while k < n // 2:
+        next_tail = tail + math.comb(n, k) / 2**n
+        if 1 - 2 * next_tail < confidence:
+            break
+        tail, k = next_tail, k + 1
+    if k == 0:
+        return None
+    return MedianInterval(ordered[k - 1], ordered[n - k], 1 - 2 * tail)
 
 
 def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:

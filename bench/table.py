@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import statistics
 
+from bench.stats import median_interval
+
 
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
@@ -16,6 +18,12 @@ def _ratio(x: float) -> str:
 def _ratio_target(x: float) -> str:
     """A ratio checked against a target: three decimals, so 0.966 does not read as a met 0.97."""
     return f"{x:.3f}x"
+
+
+def _interval(per_repeat: list[float]) -> str:
+    ci = median_interval(per_repeat)
+    return "too few repeats for a 95% interval" if ci is None else \
+        f"{ci.confidence:.0%} interval {ci.low:.3f}..{ci.high:.3f}"
 
 
 def render(results: dict) -> str:
@@ -56,9 +64,9 @@ def _headline(s: dict) -> list[str]:
     return [
         *_comparison_rows(s["comparison"]),
         f"  trainer efficiency (trainer / bare Horovod): {_ratio_target(e['trainer_vs_bare_hvd'])} "
-        f"(target >= {e['target']}: {_met(e['met'])})",
-        *(f"  {name} / DDP: {_ratio_target(v['median'])} (target >= {v['target']}: {_met(v['met'])})"
-          for name, v in p.items()),
+        f"({_interval(e['per_repeat'])}; target >= {e['target']}: {_met(e['met'])})",
+        *(f"  {name} / DDP: {_ratio_target(v['median'])} ({_interval(v['per_repeat'])}; "
+          f"target >= {v['target']}: {_met(v['met'])})" for name, v in p.items()),
         *(f"  {name} / DDP pinned alike: {_ratio(v['median'])}"
           for name, v in s.get("peer_pinned", {}).items()),
         f"  window: {s['window']}",

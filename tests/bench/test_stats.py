@@ -1,10 +1,11 @@
 """The maths of the benchmarks: run order, medians, paired ratios."""
 
+import math
 from collections import Counter
 
 import pytest
 
-from bench.stats import interleaved_order, median, paired_ratios, ratio_summary, throughput
+from bench.stats import interleaved_order, median, median_interval, paired_ratios, ratio_summary, throughput
 
 
 def test_every_repeat_runs_every_contender_once():
@@ -70,3 +71,24 @@ def test_throughput():
     assert throughput(640, 2.0) == 320.0
     with pytest.raises(ValueError):
         throughput(1, 0.0)
+
+
+@pytest.mark.parametrize("n, low_rank, coverage", [
+    (6, 1, 0.96875), (8, 1, 0.9921875), (9, 2, 0.9609375), (11, 2, 0.98828125), (20, 6, 0.9586105),
+])
+def test_median_interval_is_the_order_statistics_of_the_binomial_table(n, low_rank, coverage):
+    values = [float(x) for x in range(n, 0, -1)]  # unsorted on purpose
+    ci = median_interval(values)
+    assert (ci.low, ci.high) == (low_rank, n + 1 - low_rank)
+    assert ci.confidence == pytest.approx(coverage, abs=1e-6)
+    # The next narrower interval would cover less than 95 %.
+    narrower = 1 - 2 * sum(math.comb(n, i) for i in range(low_rank + 1)) / 2**n
+    assert narrower < 0.95 <= ci.confidence
+
+
+def test_median_interval_needs_six_values_at_95_and_a_sane_confidence():
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert median_interval([1.0] * 5, confidence=0.9) is not None  # 1 - 2/32 = 0.9375
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            median_interval([1.0] * 9, confidence=bad)

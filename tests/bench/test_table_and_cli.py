@@ -95,9 +95,11 @@ def test_readme_section_is_rendered_from_the_results(results):
     assert "| hvd | 104 | 1.10× | 1.10, 1.10 |" in text and "| (DDP) | 95 | 1.00× | |" in text
     assert "Not measured in this run: recovery (failed: the local cluster did not come up)" in text
     # The headline: targets against DDP as torchrun starts it, and like with like against pinned DDP.
-    assert "| trainer / bare Horovod loop | 980 / 1000 | 0.980× | ≥ 0.97: met |" in text
-    assert "| trainer / torch DDP (Gloo) | 980 / 990 | 0.990× | ≥ 1.0: **not met** |" in text
-    pinned_row = "| trainer / DDP pinned like the trainer | 980 / 1100 | 0.89× | like with like; no target |"
+    assert "| trainer / bare Horovod loop | 980 / 1000 | 0.980× | – (too few repeats) | ≥ 0.97: met |" in text
+    assert ("| trainer / torch DDP (Gloo) | 980 / 990 | 0.990× | – (too few repeats) | "
+            "≥ 1.0: **not met** |") in text
+    pinned_row = ("| trainer / DDP pinned like the trainer | 980 / 1100 | 0.89× | – (too few repeats) | "
+                  "like with like; no target |")
     assert pinned_row in text
     assert ("the bare Horovod loop with the same settings (1 torch thread per worker, each worker pinned "
             "to its own core, Horovod cycle time 0.5 ms, gradients allreduced in 1 group)") in text
@@ -136,8 +138,24 @@ def test_stall_rows_name_their_layout(results):
 
 def test_table_shows_the_headline_with_pinned_ddp(results):
     text = table.render(results)
-    assert "bare-hvd / DDP: 1.010x (target >= 1.0: met)" in text
+    assert "bare-hvd / DDP: 1.010x (too few repeats for a 95% interval; target >= 1.0: met)" in text
     assert "trainer / DDP pinned alike: 0.89x" in text
+
+
+def test_headline_ratios_carry_the_interval_of_their_median(results):
+    """With 9 repeats the interval is the 2nd to the 8th smallest per-repeat ratio, so a reader sees
+    how far a median just under its target is from it."""
+    from bench.report import markdown
+
+    head = results["sections"]["headline"]
+    per_repeat = [0.96, 0.96, 0.95, 0.97, 0.97, 1.00, 0.98, 0.99, 1.02]
+    head["efficiency"].update(per_repeat=per_repeat, trainer_vs_bare_hvd=0.97)
+    head["peer"]["trainer"]["per_repeat"] = [1.0 + x / 100 for x in range(9)]
+    text = markdown(results)
+    assert "| trainer / bare Horovod loop | 980 / 1000 | 0.970× | 0.960–1.000 | ≥ 0.97: met |" in text
+    assert "| trainer / torch DDP (Gloo) | 980 / 990 | 0.990× | 1.010–1.070 |" in text
+    assert "trainer efficiency (trainer / bare Horovod): 0.970x (96% interval 0.960..1.000; target" in \
+        table.render(results)
 
 
 def test_bare_loop_settings_are_the_trainers_cpu_defaults():
