@@ -51,7 +51,7 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> Median
         raise ValueError(f"confidence={confidence}: must be between 0 and 1")
     n = len(values)
     ordered = sorted(values)
-    tail, k = 0.0, 0  # tail: P(fewer than k+1 of n values fall below the median)
+    tail, k = 0.0, 0  # tail: P(fewer than k of the n values fall below the median): a miss on one side
     while k < n // 2:
         next_tail = tail + math.comb(n, k) / 2**n
         if 1 - 2 * next_tail < confidence:
