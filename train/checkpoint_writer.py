@@ -169,10 +169,17 @@ def _recv_exactly(sock: socket.socket, n: int, head: bytes = b"") -> bytes | Non
 
 
 def recv_message(sock: socket.socket) -> tuple[object, list[int]] | None:
-    """(message, received fds), or None once the other end has closed."""
-    head, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, 4)
-    header = _recv_exactly(sock, _LENGTH.size, head) if head else None
-    payload = header and _recv_exactly(sock, _LENGTH.unpack(header)[0])
+    """(message, received fds), or None once the other end has closed.
+
+    A reset is a close too: on a Unix socket it means the other end closed with our message unread,
+    as a trainer that stops on bad input before reading the writer's "ready" does."""
+    fds: list[int] = []
+    try:
+        head, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, 4)
+        header = _recv_exactly(sock, _LENGTH.size, head) if head else None
+        payload = header and _recv_exactly(sock, _LENGTH.unpack(header)[0])
+    except ConnectionResetError:
+        payload = None
     if payload is None:
         for fd in fds:
             os.close(fd)

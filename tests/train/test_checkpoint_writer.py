@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,14 @@ import pytest
 import torch
 
 from train import checkpoint as ckpt
-from train.checkpoint_writer import CheckpointWriter, CheckpointWriterError, layout, rebuild
+from train.checkpoint_writer import (
+    CheckpointWriter,
+    CheckpointWriterError,
+    layout,
+    rebuild,
+    send_message,
+    serve,
+)
 from train.storage import open_store
 
 
@@ -213,3 +221,16 @@ def test_a_writer_that_cannot_start_says_why_before_training():
             writer.wait_ready()
     finally:
         writer.close()
+
+
+def test_a_trainer_gone_with_ready_unread_ends_the_writer_quietly(tmp_path):
+    # A trainer that stops on bad input (a checkpoint that does not fit) can close its end before it
+    # reads the writer's "ready"; on a Unix socket the writer's next read is then a reset, which once
+    # printed a traceback under the trainer's clean error message.
+    trainer, child = socket.socketpair()
+    send_message(child, ("ready", None, None))
+    trainer.close()
+    try:
+        serve(child, ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1))  # returns: the trainer has gone
+    finally:
+        child.close()
