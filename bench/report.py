@@ -34,6 +34,20 @@ def _interval(per_repeat: list[float]) -> str:
     return "– (too few repeats)" if ci is None else f"{ci.low:.3f}–{ci.high:.3f}"
 
 
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _interval_ranks(repeats: int) -> str:
+    """Which per-repeat ratios bound the headline's intervals at its number of repeats, in words."""
+    ci = median_interval(range(1, repeats + 1))
+    if ci is None:
+        return f"; with {repeats} repeat{'s' if repeats != 1 else ''}, too few for one"
+    return (f"; with {repeats} repeats, the {_ordinal(int(ci.low))} to the {_ordinal(int(ci.high))}, "
+            f"{ci.confidence * 100:.0f} % coverage")
+
+
 def _settings(cfg: dict) -> str:
     """A bare Horovod contender's settings in words."""
     words = [f"{cfg['threads']} torch thread{'s' if cfg['threads'] != 1 else ''} per worker"
@@ -49,6 +63,8 @@ def _settings(cfg: dict) -> str:
 
 def markdown(r: dict) -> str:
     m, v, s = r["machine"], r["versions"], r["sections"]
+    h = s.get("headline", {})
+    ranks = _interval_ranks(h["comparison"]["repeats"]) if h.get("status") == "ok" else ""
     out = [
         "## Performance",
         "",
@@ -60,11 +76,10 @@ def markdown(r: dict) -> str:
         f"(load average {m['load_avg'][0]:.1f} at the start), so single samples swing widely: read the "
         "ratios, and the per-repeat spread in the JSON. The 95 % interval of a ratio is distribution-free "
         "(from the order of the per-repeat ratios: the k-th smallest to the k-th largest, with k from "
-        "the binomial distribution; e.g. with 9 repeats, the 2nd to the 8th, 96 % coverage): the median "
+        f"the binomial distribution{ranks}): the median "
         "of a much longer series lies inside it with that probability.",
         "",
     ]
-    h = s.get("headline", {})
     if h.get("status") == "ok":
         c = h["comparison"]["contenders"]
         cfg = c["trainer"]["config"]

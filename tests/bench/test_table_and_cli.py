@@ -158,6 +158,18 @@ def test_headline_ratios_carry_the_interval_of_their_median(results):
         table.render(results)
 
 
+@pytest.mark.parametrize("repeats, words", [
+    (9, "with 9 repeats, the 2nd to the 8th, 96 % coverage)"),
+    (24, "with 24 repeats, the 7th to the 18th, 98 % coverage)"),
+    (5, "with 5 repeats, too few for one)"),
+])
+def test_the_interval_is_explained_for_the_headlines_repeats(results, repeats, words):
+    from bench.report import markdown
+
+    results["sections"]["headline"]["comparison"]["repeats"] = repeats
+    assert f"with k from the binomial distribution; {words}" in markdown(results)
+
+
 def test_bare_loop_settings_are_the_trainers_cpu_defaults():
     """The headline compares the trainer (run with its own defaults) with a bare loop under PRODUCTION:
     both must be the same settings, or the efficiency ratio measures the settings, not the trainer."""
