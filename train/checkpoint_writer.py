@@ -63,10 +63,24 @@ class CheckpointWriterError(RuntimeError):
 
 
 def lowest_priority(pid: int) -> None:
-    """Give process `pid` (its main thread, and the threads it starts from now on) niceness NICE.
-    Where that is not permitted, it runs as it is."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, pid, NICE)
+    """Give process `pid` niceness NICE: every thread it has now and, since a thread inherits its
+    creator's, every one it starts later. Where that is not permitted, it runs as it is.
+
+    Linux keeps niceness per thread, and setpriority(PRIO_PROCESS, pid) sets only the thread whose id
+    is `pid`: a server that started its worker threads before this call (the local S3 store's request
+    threads) would otherwise do all its work at normal priority."""
+    done: set[str] = set()
+    for _ in range(5):  # again for threads started meanwhile by threads not yet lowered
+        try:
+            tids = set(os.listdir(f"/proc/{pid}/task")) - done
+        except OSError:  # no /proc (not Linux) or the process has gone
+            tids = set() if done else {str(pid)}
+        if not tids:
+            return
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(tid), NICE)
+        done |= tids
 
 
 @dataclass(frozen=True)

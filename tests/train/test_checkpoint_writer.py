@@ -22,6 +22,7 @@ from train.checkpoint_writer import (
     CheckpointWriter,
     CheckpointWriterError,
     layout,
+    lowest_priority,
     rebuild,
     send_message,
     serve,
@@ -234,3 +235,21 @@ def test_a_trainer_gone_with_ready_unread_ends_the_writer_quietly(tmp_path):
         serve(child, ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1))  # returns: the trainer has gone
     finally:
         child.close()
+
+
+def test_lowest_priority_lowers_every_thread_the_process_already_has():
+    # Niceness is per thread on Linux: the local S3 store starts its request threads before the bench
+    # lowers it, and those threads did every checkpoint's work at normal priority.
+    code = ("import threading, time\n"
+            "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        lowest_priority(proc.pid)
+        threads = psutil.Process(proc.pid).threads()
+        assert len(threads) == 4
+        assert [psutil.Process(t.id).nice() for t in threads] == [19] * 4
+    finally:
+        proc.kill()
+        proc.wait()
