@@ -250,6 +250,12 @@ class Trainer:
         # gradient then, the stats' too.
         self.stats_ready = (self.optimizer._make_hook(self.step_stats)
                             if self.stats_in_gradients and self.optimizer._grad_accs else None)
+        # A checkpoint's copy runs beside the next step's forward and backward passes when nothing in
+        # them changes the state (train.checkpoint_writer): not with buffers that the forward pass
+        # updates (batch norm's statistics), not with Adasum, whose backward pass runs the optimizer,
+        # and not in elastic mode, where a reset restores the state mid-step.
+        self.copy_overlaps_step = not (any(True for _ in self.model.buffers()) or self.adasum_updates
+                                       or cfg.horovod.elastic)
         self.amp_dtype = autocast_dtype(cfg.precision)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
                          if self.amp_dtype is not None else nullcontext)
@@ -349,6 +355,8 @@ class Trainer:
         else:
             stop, mean_loss = hvd.synchronize(handle).tolist()
         if not self.adasum_updates:
+            if self._writer is not None:
+                self._writer.copied()  # the last checkpoint's copy ran beside this step's passes so far
             if self.scaler is not None:
                 self.scaler.unscale_(opt)
             if cfg.optim.clip_grad_norm is not None:
@@ -382,6 +390,8 @@ class Trainer:
                 "loss": loss,
             }
             self.writer.submit(progress.step, state)
+            if not self.copy_overlaps_step:
+                self.writer.copied()
         progress.last_checkpoint_step = progress.step
 
     # ---- the loop ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 
 from train import checkpoint as ckpt
 from train.checkpoint_writer import (
+    FAULT_COPY_DELAY_ENV,
     CheckpointWriter,
     CheckpointWriterError,
     layout,
@@ -75,14 +76,15 @@ def test_layout_and_rebuild_round_trip_in_memory():
 
 
 @pytest.mark.filterwarnings("ignore::train.checkpoint.CheckpointWarning")  # back-to-back submits wait
-def test_writes_what_torch_save_writes_copied_at_submit(tmp_path):
+def test_writes_what_torch_save_writes_of_the_state_at_submit(tmp_path):
     checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=2)
     writer = CheckpointWriter(str(tmp_path), None, keep=2)
     try:
         live = _state(1)
         expected = ckpt.serialize(_state(1))
         writer.submit(1, live)
-        live["model"]["w"].add_(100)  # training goes on in place as soon as submit returns
+        writer.copied()
+        live["model"]["w"].add_(100)  # training changes the state in place as soon as copied() returns
         live["model"]["mask"].fill_(False)
         writer.submit(2, _state(2, width=4096))  # a bigger state: the child gets a new buffer
         writer.submit(3, _state(3))
@@ -97,6 +99,64 @@ def test_writes_what_torch_save_writes_copied_at_submit(tmp_path):
     found = checkpoints.latest_valid()
     assert found.step == 4
     _assert_same(_state(1), found.state)
+
+
+@pytest.mark.parametrize("big", [True, False], ids=["over-the-overlap-size", "under-it"])
+def test_a_big_state_is_copied_beside_the_caller_until_copied(tmp_path, monkeypatch, big):
+    """A state of overlap_min_bytes or more is copied beside the caller (the trainer's next forward
+    and backward passes) until copied(): submit does not wait for the copy, copied() does. A smaller
+    one is copied in submit. Either way the bytes are the state at submit."""
+    monkeypatch.setenv(FAULT_COPY_DELAY_ENV, "0.5")  # the copy waits before it copies
+    live = _state(1)
+    nbytes = layout(live)[2]
+    writer = CheckpointWriter(str(tmp_path), None, keep=1, overlap_min_bytes=nbytes if big else nbytes + 1)
+    try:
+        writer.wait_ready()
+        expected = ckpt.serialize(_state(1))
+        start = time.perf_counter()
+        writer.submit(1, live)
+        submitted = time.perf_counter() - start
+        writer.copied()
+        copied = time.perf_counter() - start
+        live["model"]["w"].add_(100)
+        writer.copied()  # nothing in flight: returns at once
+        writer.wait()
+    finally:
+        writer.close()
+    if big:
+        assert submitted < 0.25 and copied >= 0.5, (submitted, copied)
+    else:
+        assert submitted >= 0.5 and copied - submitted < 0.25, (submitted, copied)
+    assert (tmp_path / "step-000000001" / "state.pt").read_bytes() == expected
+
+
+class _Unreadable(torch.Tensor):
+    """A tensor whose copy fails, as one on a device that has failed would."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.copy_:
+            raise RuntimeError("unreadable on purpose")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("overlap_min_bytes", [0, 1 << 30], ids=["copy-thread", "in-submit"])
+def test_a_failed_copy_is_raised_and_the_next_checkpoint_still_reaches_the_child(tmp_path, overlap_min_bytes):
+    """An error in the copy comes back from copied() (and from wait(), which waits for it); the
+    child's new buffer, never sent, goes with the next checkpoint."""
+    writer = CheckpointWriter(str(tmp_path), None, keep=1, overlap_min_bytes=overlap_min_bytes)
+    try:
+        bad = _state(1)
+        bad["model"]["w"] = bad["model"]["tied"] = torch.ones(8, 3).as_subclass(_Unreadable)
+        writer.submit(1, bad)
+        with pytest.raises(RuntimeError, match="unreadable on purpose"):
+            writer.wait()
+        writer.submit(2, _state(2))
+        writer.wait()
+        assert writer.written == 1
+    finally:
+        writer.close()
+    assert ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1).valid_steps() == [2]
 
 
 def test_errors_come_back_with_their_type_and_the_writer_carries_on(tmp_path):
@@ -155,8 +215,9 @@ def test_a_writer_killed_mid_write_is_an_error_not_a_hang(tmp_path, monkeypatch)
         with pytest.raises(CheckpointWriterError, match=r"exited \(exit status -9\) while writing "
                                                         r"checkpoint step 1"):
             writer.wait()
+        writer.submit(2, _state(2))  # the hand-over fails on the copy thread and comes back here:
         with pytest.raises(CheckpointWriterError, match="writer process is gone"):
-            writer.submit(2, _state(2))
+            writer.copied()
     finally:
         writer.close()
     assert not (tmp_path / "step-000000001" / "manifest.json").exists()

@@ -6,10 +6,12 @@ import json
 import signal
 
 import pytest
+import torch
 
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.proc import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
 from train import checkpoint as ckpt
+from train.checkpoint_writer import FAULT_COPY_DELAY_ENV
 from train.metrics import parse_summary
 from train.storage import open_store
 
@@ -105,3 +107,22 @@ def test_checkpoint_holds_the_whole_state_and_must_fit_the_model(tmp_path):
     r = run(train_cmd("--steps", "4", "--checkpoint-dir", ck, "--width", "16"))
     assert r.returncode == 2 and "does not fit this model/optimizer" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_checkpoint_is_the_state_at_its_step_though_its_copy_runs_into_the_next(tmp_path):
+    """The copy of a big checkpoint (35 MB, over OVERLAP_MIN_BYTES) runs beside the next step's
+    forward and backward passes; the optimizer step waits for it. With the copy held back, a
+    periodic checkpoint at step 3 must still hold exactly the state a run that stops at step 3
+    saves (its final checkpoint, waited for before the trainer exits)."""
+    common = ("--model", "mlp", "--width", "2048", "--seed", "7")
+    late = run(train_cmd("--steps", "5", "--checkpoint-every", "3", "--checkpoint-dir",
+                         str(tmp_path / "late"), *common), env=worker_env({FAULT_COPY_DELAY_ENV: "0.3"}))
+    assert late.returncode == 0, late.stderr[-3000:]
+    stopped = run(train_cmd("--steps", "3", "--checkpoint-dir", str(tmp_path / "stopped"), *common))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    a = ckpt.CheckpointStore(open_store(str(tmp_path / "late")), keep=3)._verify(3)
+    b = ckpt.CheckpointStore(open_store(str(tmp_path / "stopped")), keep=3)._verify(3)
+    for name, tensor in b["model"].items():
+        assert torch.equal(tensor, a["model"][name]), f"parameter {name} differs"
+    for pid, st in b["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], a["optimizer"]["state"][pid]["momentum_buffer"])
