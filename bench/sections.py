@@ -31,7 +31,7 @@ STORE_BUCKET = "bench"
 # writer): on AWS, S3's work happens on S3's machines, not on the training node, so here it should only
 # use what training leaves. The trainer's own side of every upload (the copy on the training thread;
 # serialization, hashing and boto3 in its writer process) is measured.
-STORE_PRIORITY = "nice 19 (train.checkpoint_writer.lowest_priority)"
+STORE_PRIORITY = "nice 19, every thread and its session's autogroup (train.checkpoint_writer.lowest_priority)"
 
 
 @contextlib.contextmanager

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import math
 import mmap
 import os
@@ -87,7 +88,18 @@ def lowest_priority(pid: int) -> None:
 
     Linux keeps niceness per thread, and setpriority(PRIO_PROCESS, pid) sets only the thread whose id
     is `pid`: a server that started its worker threads before this call (the local S3 store's request
-    threads) would otherwise do all its work at normal priority."""
+    threads) would otherwise do all its work at normal priority.
+
+    Under autogroup scheduling (kernel.sched_autogroup_enabled, on by default in many distributions'
+    kernels) the CPU is shared between sessions first, and niceness only weighs threads against
+    others of their own session: a process leading a session of its own (the local S3 store, started
+    with start_new_session) took half of a core it shared with a process of another session, niced
+    or not, and 1.7 % once its session's group was niced too (two spinning processes, this machine).
+    So a process leading a session other than the caller's gets its session niced as well. One in
+    the caller's session (the checkpoint writer) does not: that would lower the caller with it."""
+    with contextlib.suppress(OSError):  # gone, no autogroup support, or not permitted
+        if os.getsid(pid) == pid != os.getsid(0):
+            _nice_autogroup(pid)
     done: set[str] = set()
     for _ in range(5):  # again for threads started meanwhile by threads not yet lowered
         try:
@@ -100,6 +112,20 @@ def lowest_priority(pid: int) -> None:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, int(tid), NICE)
         done |= tids
+
+
+def _nice_autogroup(pid: int) -> None:
+    """Set the niceness of `pid`'s session group. Without CAP_SYS_ADMIN the kernel allows one such
+    change a second across the whole machine (EAGAIN otherwise): then once more, a second later."""
+    for attempt in range(2):
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write(str(NICE))
+            return
+        except OSError as e:
+            if e.errno != errno.EAGAIN or attempt:
+                raise
+            time.sleep(1.0)
 
 
 @dataclass(frozen=True)

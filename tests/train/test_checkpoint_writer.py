@@ -314,3 +314,32 @@ def test_lowest_priority_lowers_every_thread_the_process_already_has():
     finally:
         proc.kill()
         proc.wait()
+
+
+def _autogroup_nice(pid: int) -> int:
+    with open(f"/proc/{pid}/autogroup") as f:  # "/autogroup-123 nice 0"
+        return int(f.read().split()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"),
+                    reason="this kernel has no autogroup scheduling (no /proc/self/autogroup)")
+def test_lowest_priority_lowers_the_session_of_a_process_that_leads_its_own():
+    """Under autogroup scheduling niceness only counts within a session: the local S3 store, in a
+    session of its own, needs its session's group lowered; a process in the caller's session (the
+    checkpoint writer) must not lower the caller's group."""
+    code = "import time; print('ready', flush=True); time.sleep(60)\n"
+    own = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    ours = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        before = _autogroup_nice(os.getpid())
+        for proc in (own, ours):
+            assert proc.stdout.readline() == "ready\n"
+            lowest_priority(proc.pid)
+        assert _autogroup_nice(own.pid) == 19
+        assert _autogroup_nice(ours.pid) == _autogroup_nice(os.getpid()) == before
+        assert psutil.Process(ours.pid).nice() == 19  # lowered within the session, per thread
+    finally:
+        for proc in (own, ours):
+            proc.kill()
+            proc.wait()
