@@ -11,7 +11,8 @@ Priority: niceness 19, not SCHED_IDLE. SCHED_IDLE hands a waking training thread
 sooner, but on a node whose cores training fills it leaves the write less CPU still, and training
 waits for it at the next checkpoint: 0.24 and 0.65 s per run for 9 and 35 MB checkpoints against
 0.01 and 0.04 s at niceness 19 (bench/, checkpoint stall, 2 workers on 2 cores, writer and local S3
-server under the same policy, one run each). Its gain in trainer efficiency was inside the noise
+server under the same policy, one run each; the server's session group not yet niced, see
+lowest_priority). Its gain in trainer efficiency was inside the noise
 (0.983 against 0.977, median of 9 interleaved repeats).
 
 Lifetime: the child starts with the writer and ends when the writer is closed, or when its socket
