@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from bench.compare import Contender, run_comparison
+from bench.compare import Contender, run_comparison, summarise_run
 from bench.launch import BenchError
 
 
@@ -50,3 +50,13 @@ def test_missing_metric_and_bad_baseline_are_errors():
         run_comparison([scripted("a", [1.0], [])], "a", 1, metric="window_s")
     with pytest.raises(ValueError, match="baseline"):
         run_comparison([scripted("a", [1.0], [])], "z", 1)
+
+
+def test_a_run_keeps_what_says_whether_training_waited_for_a_checkpoint():
+    """The headline trainer checkpoints every 50 steps; whether it waited for the previous write
+    (the local store starved of CPU) must be in the results, not only in the trainer's summary."""
+    record = {"samples_per_sec": 100.0, "window_s": 1.0, "checkpoint_wait_s": 0.03,
+              "checkpoint_write_max_s": 0.25, "records": [{"step": 1}]}
+    kept = summarise_run(record)
+    assert kept == {"samples_per_sec": 100.0, "window_s": 1.0, "checkpoint_wait_s": 0.03,
+                    "checkpoint_write_max_s": 0.25}
