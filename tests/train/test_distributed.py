@@ -144,9 +144,12 @@ def test_unreachable_endpoint_fails_every_rank_fast(tmp_path):
     assert r.returncode != 0
     assert r.stderr.count("train: error: cannot reach the S3 endpoint") == 1, r.stderr[-3000:]
     assert "]<stderr>:Traceback" not in r.stderr  # horovodrun's own traceback aside, no worker crashed
-    # Both ranks ended, none hung (143: a worker horovodrun terminated after the first one exited).
+    # Both ranks ended, none hung: the run returned within its timeout. The workers' exit codes as
+    # horovodrun reports them: 2, or 143 for a worker it terminated after the first one exited. Its
+    # line for the second worker is sometimes missing (seen once in CI, with rank 0's error printed
+    # once and no summary: only "Process 1 exit with status code 2"), so it is not counted on.
     codes = _worker_exit_codes(r.stdout)
-    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "143"}, r.stdout
+    assert 1 <= len(codes) <= 2 and "2" in codes and set(codes) <= {"2", "143"}, r.stdout
     assert "RINGTRAIN_SUMMARY" not in r.stdout
 
 
