@@ -379,20 +379,18 @@ class CheckpointWriter:
         delay = float(os.environ.get(FAULT_COPY_DELAY_ENV, "0") or 0)
         if delay > 0:
             time.sleep(delay)
-        with torch.no_grad():
-            if stream is None:
-                for target, source in zip(targets, sources, strict=True):
-                    target.copy_(source)
-            else:
-                # A stream of its own, after the work the training thread had queued when it submitted:
-                # the copy overlaps the next step's kernels instead of queueing behind them, and is
-                # synchronized before copied() lets the optimizer step.
-                side = torch.cuda.Stream(device=stream.device)
-                side.wait_stream(stream)
-                with torch.cuda.stream(side):
-                    for target, source in zip(targets, sources, strict=True):
-                        target.copy_(source)
-                side.synchronize()
+        side = None
+        if stream is not None:
+            # A stream of its own, after the work the training thread had queued when it submitted: the
+            # copy overlaps the next step's kernels instead of queueing behind them, and is synchronized
+            # before copied() lets the optimizer step.
+            side = torch.cuda.Stream(device=stream.device)
+            side.wait_stream(stream)
+        with torch.no_grad(), torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for target, source in zip(targets, sources, strict=True):
+                target.copy_(source)
+        if side is not None:
+            side.synchronize()
         try:
             send_message(self._sock, ("write", step, skeleton), [fd] if fd is not None else [])
         except OSError as e:
