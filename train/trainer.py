@@ -399,7 +399,6 @@ class Trainer:
         cfg, hvd = self.cfg, self.hvd
         step_sleep = float(os.environ.get(FAULT_STEP_SLEEP_ENV, "0") or 0)
         samples_per_step = cfg.data.batch_size * cfg.horovod.backward_passes_per_step
-        start_step = progress.step
         t_start = t_window = time.perf_counter()
         window_samples = 0
         interrupted = False
@@ -451,10 +450,11 @@ class Trainer:
                     commit()
         self.train_time += time.perf_counter() - t_start
 
+        # Losses of the steps this process trained, in any call of this loop: in elastic mode a reset
+        # (a host rejoining at the last commit) can call it again with every step already done.
         initial_loss = self.initial_loss
-        if progress.step > start_step:
-            final_loss = self.last_loss
-        else:  # nothing left to do: the checkpoint we resumed from already reached --steps
+        final_loss = self.last_loss
+        if final_loss is None:  # nothing left to do: the checkpoint we resumed from already reached --steps
             final_loss = initial_loss = self.saved_loss
         if self.checkpoints is not None and progress.last_checkpoint_step != progress.step:
             self.save_checkpoint(progress, final_loss)
