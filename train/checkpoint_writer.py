@@ -99,7 +99,7 @@ def lowest_priority(pid: int) -> None:
     So a process leading a session other than the caller's gets its session niced as well. One in
     the caller's session (the checkpoint writer) does not: that would lower the caller with it."""
     with contextlib.suppress(OSError):  # gone, no autogroup support, or not permitted
-        if os.getsid(pid) == pid != os.getsid(0):
+        if os.getsid(pid) == pid != os.getsid(0) and in_autogroup(pid):
             _nice_autogroup(pid)
     done: set[str] = set()
     for _ in range(5):  # again for threads started meanwhile by threads not yet lowered
@@ -113,6 +113,15 @@ def lowest_priority(pid: int) -> None:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, int(tid), NICE)
         done |= tids
+
+
+def in_autogroup(pid: int) -> bool:
+    """Whether `pid` is scheduled in a session group. The kernel shows "/autogroup-<id> nice <n>" when
+    it is, and nothing when the process runs in a cgroup of its own (a container, a CI runner):
+    there autogroups do not apply, niceness per thread is all there is, and nicing the group would
+    only spend the machine's one change a second. Raises OSError where there is no such file."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return bool(f.read().strip())
 
 
 def _nice_autogroup(pid: int) -> None:

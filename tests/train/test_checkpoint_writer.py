@@ -22,6 +22,7 @@ from train.checkpoint_writer import (
     FAULT_COPY_DELAY_ENV,
     CheckpointWriter,
     CheckpointWriterError,
+    in_autogroup,
     layout,
     lowest_priority,
     rebuild,
@@ -321,8 +322,16 @@ def _autogroup_nice(pid: int) -> int:
         return int(f.read().split()[-1])
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"),
-                    reason="this kernel has no autogroup scheduling (no /proc/self/autogroup)")
+def _autogroup_applies() -> bool:
+    try:
+        return in_autogroup(os.getpid())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _autogroup_applies(),
+                    reason="no autogroup scheduling here: no /proc/self/autogroup, or it is empty because "
+                           "this process runs in a cgroup of its own, where only niceness per thread counts")
 def test_lowest_priority_lowers_the_session_of_a_process_that_leads_its_own():
     """Under autogroup scheduling niceness only counts within a session: the local S3 store, in a
     session of its own, needs its session's group lowered; a process in the caller's session (the
@@ -343,3 +352,23 @@ def test_lowest_priority_lowers_the_session_of_a_process_that_leads_its_own():
         for proc in (own, ours):
             proc.kill()
             proc.wait()
+
+
+def test_lowest_priority_leaves_the_group_alone_where_autogroups_do_not_apply(monkeypatch):
+    """In a cgroup of its own (a container, a CI runner) /proc/<pid>/autogroup reads empty: the group
+    write would change nothing and spend the machine's one change a second (then a 1 s retry)."""
+    from train import checkpoint_writer
+    written: list[int] = []
+    monkeypatch.setattr(checkpoint_writer, "in_autogroup", lambda pid: False)
+    monkeypatch.setattr(checkpoint_writer, "_nice_autogroup", written.append)
+    code = "import time; print('ready', flush=True); time.sleep(60)\n"
+    own = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        assert own.stdout.readline() == "ready\n"
+        lowest_priority(own.pid)
+        assert written == []
+        assert psutil.Process(own.pid).nice() == 19
+    finally:
+        own.kill()
+        own.wait()
