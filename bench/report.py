@@ -23,6 +23,15 @@ def _ms_list(values: list[float] | None) -> str:
     return "–" if values is None else ", ".join(f"{v * 1e3:.0f}" for v in values) + " ms"
 
 
+def _busy_core(n: dict | None) -> str:
+    if not n:
+        return "–"
+    low, high = n["interval"] or (None, None)
+    spread = f" ({(low - 1) * 100:+.1f} to {(high - 1) * 100:+.1f} %)" if low is not None else ""
+    return (f"step {(n['ratio'] - 1) * 100:+.1f} %{spread}, {n['cost_of_longest_write_s'] * 1e3:.1f} ms "
+            "over the write")
+
+
 def _x_target(v: float) -> str:
     """A ratio checked against a target: three decimals, so 0.966 does not read as a met 0.97."""
     return f"{v:.3f}×"
@@ -148,11 +157,15 @@ def markdown(r: dict) -> str:
             "interleaved, difference of the timed windows per checkpoint. With 2 workers on the 2 cores, "
             "the writer and the moto server can only take their CPU from training; with 1 worker of 1 "
             "thread there is a core to spare, as on a GPU node, and what is left is what the training "
-            "process itself pays):",
+            "process itself pays. A busy spare core: with 1 worker, what merely sharing the machine "
+            "with a checkpoint's CPU work costs the step, timed in one process, blocks alternating with "
+            "a neighbour doing that work stopped and running (`bench/neighbour.py`), and that slowdown "
+            "over the longest write):",
             "",
             "| layout | checkpoint | every N steps | one step | first step after it | lost per checkpoint "
-            "| in steps | longest write | cross-check per repeat | waited for the previous write (per run) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+            "| in steps | longest write | cross-check per repeat | waited for the previous write (per run) "
+            "| a busy spare core |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
         ]
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.1f}" for x in z.get("ab_lost_per_repeat_s", []))
@@ -162,7 +175,8 @@ def markdown(r: dict) -> str:
                        f"{z.get('every', ck.get('every'))} | {z['baseline_step_s'] * 1e3:.1f} ms | "
                        f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
                        f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} | "
-                       f"{write * 1e3:.0f} ms{flag} | {per} ms | {_ms_list(z.get('writer_wait_s'))} |")
+                       f"{write * 1e3:.0f} ms{flag} | {per} ms | {_ms_list(z.get('writer_wait_s'))} | "
+                       f"{_busy_core(z.get('neighbour'))} |")
         out.append("")
     rc = s.get("recovery", {})
     if rc.get("status") == "ok":

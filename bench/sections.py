@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bench.compare import Contender, run_comparison
 from bench.launch import ROOT, BenchError
+from bench.neighbour import neighbour_slowdown
 from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
 from bench.stats import median, paired_ratios
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations
@@ -54,15 +55,18 @@ class StallLayout:
     """Where a checkpoint's CPU work (copy, serialization, hashing, upload) can run: on a node whose
     cores training fills, it takes cycles from training; with a core to spare, as on GPU nodes, whose
     cores mostly wait on the GPUs, only what the training process itself pays (the copy into the
-    writer's shared memory) is left."""
+    writer's shared memory) is left, and what the cores' sharing costs (`spare_core`: measured beside
+    it with bench.neighbour)."""
 
     name: str
     workers: int
     env: tuple[tuple[str, str], ...] = ()
+    spare_core: bool = False
 
 
 SATURATED = StallLayout("2 workers on 2 cores", workers=2)
-SPARE_CORE = StallLayout("1 worker, 1 thread, 2 cores", workers=1, env=(("OMP_NUM_THREADS", "1"),))
+SPARE_CORE = StallLayout("1 worker, 1 thread, 2 cores", workers=1, env=(("OMP_NUM_THREADS", "1"),),
+                         spare_core=True)
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class Plan:
     stall_sizes: tuple[StallSize, ...]
     stall_repeats: int
     stall_layouts: tuple[StallLayout, ...]
+    neighbour_pairs: int             # spare-core layout: block pairs of bench.neighbour per size
     recovery_steps: int
     recovery_reclaim_at: int
     recovery_checkpoint_every: int
@@ -129,7 +134,7 @@ FULL = Plan(
     stall_sizes=(StallSize(256, every=100, steps=600, warmup=50),
                  StallSize(1024, every=50, steps=250, warmup=50),
                  StallSize(2048, every=50, steps=250, warmup=50)),
-    stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE),
+    stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE), neighbour_pairs=40,
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
 )
@@ -138,6 +143,7 @@ QUICK = Plan(
     shape=LoopShape(steps=30, warmup=10, width=16),
     study=("hvd-defaults", "hvd-threads1-pin-cycle0.5"), checkpoint_every=10,
     stall_sizes=(StallSize(256, every=8, steps=24, warmup=8),), stall_repeats=1, stall_layouts=(SATURATED,),
+    neighbour_pairs=4,
     recovery_steps=40, recovery_reclaim_at=15, recovery_checkpoint_every=10,
     plan_runs=1, plan_cold_runs=1, timeout_s=180,
 )
@@ -233,6 +239,13 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             except ValueError as e:
                 raise BenchError(f"checkpoint stall, {layout.name}, width {width}: {e}") from None
             step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
+            neighbour = None
+            if layout.spare_core:
+                neighbour = neighbour_slowdown(width, ckpt_bytes, pairs=plan.neighbour_pairs)
+                # the step runs this much slower for as long as the write keeps the spare core busy
+                neighbour["cost_of_longest_write_s"] = (neighbour["ratio"] - 1) * max(write_max)
+                progress(f"  a busy spare core: the step {neighbour['ratio']:.3f}x as long; over the longest "
+                         f"write {neighbour['cost_of_longest_write_s'] * 1e3:.1f} ms")
             lost = profile["lost_per_checkpoint_s"]
             contained = profile["write_within_after"]
             progress(f"checkpoint stall: {layout.name}, mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
@@ -254,6 +267,7 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 "after_steps": profile["after_steps"],
                 "write_within_after": contained,
                 "writer_wait_s": [r["checkpoint_wait_s"] for r in records["checkpoints"]],
+                "neighbour": neighbour,
                 "ab_lost_per_checkpoint_s": median(ab_lost),
                 "ab_lost_per_repeat_s": ab_lost,
                 "first_step_excess_s": profile["first_step_excess_s"],
@@ -276,7 +290,11 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                       "checkpoints in the window, median over repeats. The writer process and the moto "
                       "S3 server share the same cores as training here (on AWS, S3's side runs "
                       "elsewhere), so with the cores full their CPU shows up as lost training time; the "
-                      "spare-core layout shows what is left when it has a core to run on."}
+                      "spare-core layout shows what is left when it has a core to run on. "
+                      "neighbour (spare-core layout): the same model's step in one process, blocks "
+                      "alternating with a neighbour process doing a checkpoint's CPU work stopped and "
+                      "running, median ratio of the blocks' median steps (bench.neighbour); "
+                      "cost_of_longest_write_s = (ratio - 1) x the longest write."}
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:

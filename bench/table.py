@@ -75,7 +75,8 @@ def _headline(s: dict) -> list[str]:
 
 def _stall(s: dict) -> list[str]:
     rows = [f"  {'layout':28} {'model':10} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} "
-            f"{'every':>6} {'lost/ckpt ms':>13} {'in steps':>9} {'write ms':>9} {'waited ms/run':>14}"]
+            f"{'every':>6} {'lost/ckpt ms':>13} {'in steps':>9} {'write ms':>9} {'waited ms/run':>14} "
+            f"{'busy core':>16}"]
     for z in s["sizes"]:
         rows.append(f"  {z.get('layout', ''):28} {z['model'] + ' w' + str(z['width']):10} "
                     f"{z['checkpoint_bytes'] / 1e6:>14.1f} "
@@ -83,7 +84,8 @@ def _stall(s: dict) -> list[str]:
                     f"{z.get('every', s.get('every', 0)):>6} "
                     f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {z['lost_in_steps']:>9.2f} "
                     f"{max(z.get('write_max_s') or [0.0]) * 1e3:>9.0f} "
-                    f"{_wait(z.get('writer_wait_s')):>14}  {_stall_verdict(z)}")
+                    f"{_wait(z.get('writer_wait_s')):>14} {_busy_core(z.get('neighbour')):>16}  "
+                    f"{_stall_verdict(z)}")
     return rows
 
 
@@ -91,6 +93,13 @@ def _stall_verdict(z: dict) -> str:
     if not z.get("write_within_after", True):
         return "write outlasts 4/5 of the interval: no verdict"
     return "< 1 step" if z["below_one_step"] else ">= 1 step"
+
+
+def _busy_core(n: dict | None) -> str:
+    """A busy spare core's cost: the step's slowdown and that over the longest write; '-' if unmeasured."""
+    if not n:
+        return "-"
+    return f"+{(n['ratio'] - 1) * 100:.1f}% {n['cost_of_longest_write_s'] * 1e3:.1f}ms"
 
 
 def _wait(values: list[float] | None) -> str:
