@@ -23,13 +23,34 @@ def _ms_list(values: list[float] | None) -> str:
     return "–" if values is None else ", ".join(f"{v * 1e3:.0f}" for v in values) + " ms"
 
 
-def _busy_core(n: dict | None) -> str:
-    if not n:
-        return "–"
-    low, high = n["interval"] or (None, None)
-    spread = f" ({(low - 1) * 100:+.1f} to {(high - 1) * 100:+.1f} %)" if low is not None else ""
-    return (f"step {(n['ratio'] - 1) * 100:+.1f} %{spread}, {n['cost_of_longest_write_s'] * 1e3:.1f} ms "
-            "over the write")
+def _busy_core_table(sizes: list[dict]) -> list[str]:
+    """With a core to spare: what the checkpoint's CPU work on that core costs the training step."""
+    rows = [z for z in sizes if z.get("neighbour")]
+    if not rows:
+        return []
+    out = [
+        "What a checkpoint's work on the spare core costs the step (1 worker): the stall model's step "
+        "timed in one process, in blocks alternating with a neighbour process doing a checkpoint's "
+        "CPU work (serialization and sha256 of a state of that size, in a loop, at nice 19) stopped "
+        "and running (`bench/neighbour.py`); that slowdown, times the CPU time per checkpoint of the "
+        "trainer's writer process and of the local S3 store's server (which on AWS runs on S3's "
+        "machines), is the part of the loss that comes from sharing the machine:",
+        "",
+        "| checkpoint | the step with the spare core busy | writer CPU per checkpoint | its cost to the step "
+        "| store CPU per checkpoint | its cost to the step | first step after it | lost per checkpoint |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for z in rows:
+        n = z["neighbour"]
+        low, high = n["interval"] or (None, None)
+        spread = f" ({(low - 1) * 100:+.1f} to {(high - 1) * 100:+.1f} %)" if low is not None else ""
+        out.append(f"| {z['checkpoint_bytes'] / 1e6:.1f} MB | {(n['ratio'] - 1) * 100:+.1f} %{spread} | "
+                   f"{z['writer_cpu_per_checkpoint_s'] * 1e3:.1f} ms | "
+                   f"{n['cost_of_writer_cpu_s'] * 1e3:.2f} ms | "
+                   f"{z['store_cpu_per_checkpoint_s'] * 1e3:.1f} ms | "
+                   f"{n['cost_of_store_cpu_s'] * 1e3:.2f} ms | +{z['first_step_excess_s'] * 1e3:.1f} ms | "
+                   f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms |")
+    return [*out, ""]
 
 
 def _x_target(v: float) -> str:
@@ -157,15 +178,11 @@ def markdown(r: dict) -> str:
             "interleaved, difference of the timed windows per checkpoint. With 2 workers on the 2 cores, "
             "the writer and the moto server can only take their CPU from training; with 1 worker of 1 "
             "thread there is a core to spare, as on a GPU node, and what is left is what the training "
-            "process itself pays. A busy spare core: with 1 worker, what merely sharing the machine "
-            "with a checkpoint's CPU work costs the step, timed in one process, blocks alternating with "
-            "a neighbour doing that work stopped and running (`bench/neighbour.py`), and that slowdown "
-            "over the longest write):",
+            "process itself pays):",
             "",
             "| layout | checkpoint | every N steps | one step | first step after it | lost per checkpoint "
-            "| in steps | longest write | cross-check per repeat | waited for the previous write (per run) "
-            "| a busy spare core |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+            "| in steps | longest write | cross-check per repeat | waited for the previous write (per run) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.1f}" for x in z.get("ab_lost_per_repeat_s", []))
@@ -175,9 +192,9 @@ def markdown(r: dict) -> str:
                        f"{z.get('every', ck.get('every'))} | {z['baseline_step_s'] * 1e3:.1f} ms | "
                        f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
                        f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms | {z['lost_in_steps']:.2f} | "
-                       f"{write * 1e3:.0f} ms{flag} | {per} ms | {_ms_list(z.get('writer_wait_s'))} | "
-                       f"{_busy_core(z.get('neighbour'))} |")
+                       f"{write * 1e3:.0f} ms{flag} | {per} ms | {_ms_list(z.get('writer_wait_s'))} |")
         out.append("")
+        out += _busy_core_table(ck["sizes"])
     rc = s.get("recovery", {})
     if rc.get("status") == "ok":
         out += [

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 from bench.compare import Contender, run_comparison
 from bench.launch import ROOT, BenchError
 from bench.neighbour import neighbour_slowdown
@@ -42,12 +44,22 @@ def object_store():
     from train.checkpoint_writer import lowest_priority
 
     with ObjectStore() as store:
-        proc = getattr(store, "_proc", None)  # ObjectStore keeps its server's Popen here
-        if proc is None:
-            raise BenchError("cannot find the object store's server process to lower its priority")
-        lowest_priority(proc.pid)
+        lowest_priority(store_pid(store))
         store.client().create_bucket(Bucket=STORE_BUCKET)
         yield store
+
+
+def store_pid(store) -> int:
+    proc = getattr(store, "_proc", None)  # ObjectStore keeps its server's Popen here
+    if proc is None:
+        raise BenchError("cannot find the object store's server process")
+    return proc.pid
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User and system CPU time of the process, all its threads."""
+    times = proc.cpu_times()
+    return times.user + times.system
 
 
 @dataclass(frozen=True)
@@ -213,6 +225,7 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
     sizes = []
     with object_store() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         client = store.client()
+        store_proc = psutil.Process(store_pid(store))
         for layout, size in ((lay, z) for lay in plan.stall_layouts for z in plan.stall_sizes):
             width, every, shape = size.width, size.every, size.shape(layout.workers)
             profiled = size.profiled()
@@ -227,8 +240,10 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             records: dict[str, list[dict]] = {name: [] for name in runs}
             for rep in range(plan.stall_repeats):
                 for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                    records[name].append(runs[name].run(f"stall-{tag}-{name}", Path(tmp), env,
-                                                        plan.timeout_s))
+                    store_cpu = cpu_seconds(store_proc)
+                    record = runs[name].run(f"stall-{tag}-{name}", Path(tmp), env, plan.timeout_s)
+                    record["store_cpu_s"] = cpu_seconds(store_proc) - store_cpu
+                    records[name].append(record)
             ckpt_bytes = checkpoint_bytes(client, STORE_BUCKET, records["checkpoints"][-1]["run_id"])
             ab_lost = [(a["window_s"] - b["window_s"]) / in_window
                        for a, b in zip(records["checkpoints"], records["no-checkpoints"], strict=True)]
@@ -239,13 +254,23 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             except ValueError as e:
                 raise BenchError(f"checkpoint stall, {layout.name}, width {width}: {e}") from None
             step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
+            # CPU time per checkpoint: the trainer's writer process (its own accounting) and the local
+            # store's server (its process's CPU over the run; ~0 in the runs without checkpoints)
+            written = [max(1, r["checkpoints_written"]) for r in records["checkpoints"]]
+            per_run = list(zip(records["checkpoints"], written, strict=True))
+            writer_cpu = median([r["checkpoint_write_cpu_s"] / n for r, n in per_run])
+            store_cpu = median([r["store_cpu_s"] / n for r, n in per_run])
             neighbour = None
             if layout.spare_core:
                 neighbour = neighbour_slowdown(width, ckpt_bytes, pairs=plan.neighbour_pairs)
-                # the step runs this much slower for as long as the write keeps the spare core busy
-                neighbour["cost_of_longest_write_s"] = (neighbour["ratio"] - 1) * max(write_max)
-                progress(f"  a busy spare core: the step {neighbour['ratio']:.3f}x as long; over the longest "
-                         f"write {neighbour['cost_of_longest_write_s'] * 1e3:.1f} ms")
+                # the step runs this much slower for as long as that work keeps the spare core busy
+                neighbour["cost_of_writer_cpu_s"] = (neighbour["ratio"] - 1) * writer_cpu
+                neighbour["cost_of_store_cpu_s"] = (neighbour["ratio"] - 1) * store_cpu
+                progress(f"  a busy spare core: the step {neighbour['ratio']:.3f}x as long; per checkpoint "
+                         f"the writer's {writer_cpu * 1e3:.1f} ms of CPU cost "
+                         f"{neighbour['cost_of_writer_cpu_s'] * 1e3:.2f} ms, "
+                         f"the store's {store_cpu * 1e3:.1f} ms "
+                         f"{neighbour['cost_of_store_cpu_s'] * 1e3:.2f} ms")
             lost = profile["lost_per_checkpoint_s"]
             contained = profile["write_within_after"]
             progress(f"checkpoint stall: {layout.name}, mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
@@ -267,6 +292,9 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 "after_steps": profile["after_steps"],
                 "write_within_after": contained,
                 "writer_wait_s": [r["checkpoint_wait_s"] for r in records["checkpoints"]],
+                "writer_cpu_per_checkpoint_s": writer_cpu,
+                "store_cpu_per_checkpoint_s": store_cpu,
+                "store_cpu_without_checkpoints_s": [r["store_cpu_s"] for r in records["no-checkpoints"]],
                 "neighbour": neighbour,
                 "ab_lost_per_checkpoint_s": median(ab_lost),
                 "ab_lost_per_repeat_s": ab_lost,
@@ -294,7 +322,10 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                       "neighbour (spare-core layout): the same model's step in one process, blocks "
                       "alternating with a neighbour process doing a checkpoint's CPU work stopped and "
                       "running, median ratio of the blocks' median steps (bench.neighbour); "
-                      "cost_of_longest_write_s = (ratio - 1) x the longest write."}
+                      "cost_of_writer_cpu_s / cost_of_store_cpu_s = (ratio - 1) x the writer process's / "
+                      "the store server's CPU time per checkpoint (median over the runs: the trainer's "
+                      "checkpoint_write_cpu_s, the server process's CPU over the run, each over the "
+                      "checkpoints written)."}
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:

@@ -96,10 +96,12 @@ def _stall_verdict(z: dict) -> str:
 
 
 def _busy_core(n: dict | None) -> str:
-    """A busy spare core's cost: the step's slowdown and that over the longest write; '-' if unmeasured."""
+    """A busy spare core's cost: the step's slowdown, and that over the writer's and the store's CPU
+    time per checkpoint; '-' if unmeasured."""
     if not n:
         return "-"
-    return f"+{(n['ratio'] - 1) * 100:.1f}% {n['cost_of_longest_write_s'] * 1e3:.1f}ms"
+    cost = n["cost_of_writer_cpu_s"] + n["cost_of_store_cpu_s"]
+    return f"{(n['ratio'] - 1) * 100:+.1f}% {cost * 1e3:.2f}ms"
 
 
 def _wait(values: list[float] | None) -> str:

@@ -270,6 +270,9 @@ class CheckpointWriter:
         self.overlap_min_bytes = overlap_min_bytes
         self.written = 0
         self.write_s_max = 0.0  # the longest write (the child's wall time from receiving it to done)
+        # The child's CPU time over all its writes: serialization, hashing and the upload's client side
+        # run beside training, on the node's cores, whatever the store is.
+        self.write_cpu_s = 0.0
         # Submits that found the previous checkpoint still being written, and the time they waited:
         # training time lost because checkpoints are due faster than the store takes them.
         self.waits = 0
@@ -455,8 +458,10 @@ class CheckpointWriter:
                                         f"while writing checkpoint step {step} to {self.uri}")
         (kind, done_step, detail), _fds = got
         if kind == "done" and done_step == step:
+            wall_s, cpu_s = detail
             self.written += 1
-            self.write_s_max = max(self.write_s_max, detail)
+            self.write_s_max = max(self.write_s_max, wall_s)
+            self.write_cpu_s += cpu_s
             return
         raise _as_exception(detail) if kind == "error" else CheckpointWriterError(
             f"unexpected reply from the checkpoint writer: {kind} {done_step} (expected step {step})")
@@ -543,12 +548,12 @@ def serve(sock: socket.socket, checkpoints: CheckpointStore) -> None:
             buffer = mmap.mmap(fds[0], size)
             for fd in fds:
                 os.close(fd)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         try:
             state = rebuild(skeleton, buffer)
             checkpoints.write(step, serialize(state))
             del state
-            reply = ("done", step, time.perf_counter() - started)
+            reply = ("done", step, (time.perf_counter() - started, time.process_time() - cpu_started))
         except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
             reply = ("error", step, _describe(e))
         if not _reply(sock, reply):

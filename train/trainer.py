@@ -137,6 +137,7 @@ class Trainer:
         self.checkpoints_written = 0
         self.checkpoint_wait_s = 0.0
         self.checkpoint_write_max_s = 0.0
+        self.checkpoint_write_cpu_s = 0.0
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -198,6 +199,7 @@ class Trainer:
                 self.checkpoints_written += writer.written
                 self.checkpoint_wait_s += writer.waited_s
                 self.checkpoint_write_max_s = max(self.checkpoint_write_max_s, writer.write_s_max)
+                self.checkpoint_write_cpu_s += writer.write_cpu_s
 
     # ---- model ------------------------------------------------------------------------------
     def build(self) -> None:
@@ -469,6 +471,8 @@ class Trainer:
             "checkpoint_wait_s": round(self.checkpoint_wait_s, 6),
             # the longest checkpoint write (copy handed over -> uploaded), to set against the interval
             "checkpoint_write_max_s": round(self.checkpoint_write_max_s, 6),
+            # the writer process's CPU time over all writes (serialization, hashing, the upload's client)
+            "checkpoint_write_cpu_s": round(self.checkpoint_write_cpu_s, 6),
             "world_size": hvd.size(),
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,

@@ -241,6 +241,8 @@ def test_the_child_is_niced_placed_ignores_sigterm_and_times_its_writes(object_s
         writer.wait()
         # the child's own timing of its writes: real (an S3 put takes time) and inside what we saw
         assert 0 < writer.write_s_max < time.perf_counter() - started
+        # and its CPU time for both (one thread serializes, hashes and uploads: no more than the wall)
+        assert 0 < writer.write_cpu_s < 2 * writer.write_s_max
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
     finally:
         writer.close()

@@ -57,6 +57,7 @@ def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_b
     s = parse_summary(r.stdout)
     assert s["world_size"] == 2 and s["steps"] == 80 and s["checkpoints_written"] == 4
     assert 0 < s["checkpoint_write_max_s"] < 60  # the writer process timed its writes
+    assert 0 < s["checkpoint_write_cpu_s"] < 4 * 60  # and its CPU time over the 4
     assert s["final_loss"] < 0.5 * s["initial_loss"], s
     assert s["samples_per_sec"] > 0
     # rank 0 pinned to the first core of its share (none when the machine has fewer cores than workers)
