@@ -32,6 +32,11 @@ def venv_bin(name: str) -> str:
     return str(path)
 
 
+def with_root_on_path(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the repository first on PYTHONPATH, so a child's `-m bench...` imports from it."""
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)}
+
+
 def horovod_command(module: str, args: Sequence[str], np: int = 2) -> list[str]:
     return [venv_bin("horovodrun"), "--gloo", "-np", str(np), "-H", f"localhost:{np}",
             sys.executable, "-m", module, *args]
@@ -63,8 +68,7 @@ def run_command(
     """Run `cmd` to completion in its own process group; returns stdout+stderr; raises BenchError."""
     # The harness sets every tuning knob itself: inherited ones would silently change "defaults".
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(_HARNESS_OWNED)}
-    full_env = {**inherited, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full_env.get("PYTHONPATH")) if p)
+    full_env = with_root_on_path({**inherited, **(env or {})})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=full_env, start_new_session=True)
     try:

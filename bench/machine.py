@@ -30,6 +30,12 @@ def machine_info() -> dict:
     }
 
 
+def cpu_seconds(proc) -> float:
+    """User and system CPU time of a psutil.Process, all its threads."""
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
 def versions() -> dict:
     out = {"python": platform.python_version()}
     for dist in ("torch", "horovod", "boto3", "moto"):

@@ -7,8 +7,9 @@ on a VM, whatever the host shares. This times the stall section's own model step
 while a neighbour process does a checkpoint's CPU work (train.checkpoint.serialize and sha256 of a
 state of the checkpoint's size, over and over, at the lowest priority, as the writer runs), in blocks
 alternating between the neighbour stopped (SIGSTOP) and running, and reports the median of the
-per-pair ratios of the median step. Times the longest write, it is the part of the checkpoint stall
-that the trainer cannot remove on this machine.
+per-pair ratios of the median step. Times the CPU time a checkpoint keeps the spare core busy (the
+writer's and the local store's, measured by the stall section), it is the part of the checkpoint
+stall that comes from sharing the machine, which the trainer cannot remove.
 
     python -m bench.neighbour busy BYTES   # the neighbour's loop (started by neighbour_slowdown)
 """
@@ -25,7 +26,8 @@ import time
 
 import psutil
 
-from bench.launch import ROOT, BenchError
+from bench.launch import ROOT, BenchError, with_root_on_path
+from bench.machine import cpu_seconds
 from bench.stats import median, median_interval
 
 WARMUP_STEPS = 30
@@ -78,10 +80,9 @@ def neighbour_slowdown(width: int, nbytes: int, pairs: int = 40, block_s: float 
 
     warm = [step() for _ in range(WARMUP_STEPS)]
     steps_per_block = max(5, round(block_s / median(warm)))
-    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": path}
-    proc = subprocess.Popen([sys.executable, "-m", "bench.neighbour", "busy", str(nbytes)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.neighbour", "busy", str(nbytes)], cwd=ROOT,
+                            env=with_root_on_path(os.environ), stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         started = select.select([proc.stdout], [], [], START_TIMEOUT_S)[0]
         if not started or proc.stdout.readline() != "ready\n":
@@ -97,9 +98,9 @@ def neighbour_slowdown(width: int, nbytes: int, pairs: int = 40, block_s: float 
                 if running:
                     os.kill(proc.pid, signal.SIGCONT)
                     time.sleep(SETTLE_S)
-                cpu0, wall0 = sum(neighbour.cpu_times()[:2]), time.perf_counter()
+                cpu0, wall0 = cpu_seconds(neighbour), time.perf_counter()
                 durations = [step() for _ in range(steps_per_block)]
-                share[running].append((sum(neighbour.cpu_times()[:2]) - cpu0) / (time.perf_counter() - wall0))
+                share[running].append((cpu_seconds(neighbour) - cpu0) / (time.perf_counter() - wall0))
                 if running:
                     os.kill(proc.pid, signal.SIGSTOP)
                 (loaded if running else idle).append(median(durations))

@@ -16,6 +16,7 @@ import psutil
 
 from bench.compare import Contender, run_comparison
 from bench.launch import ROOT, BenchError
+from bench.machine import cpu_seconds
 from bench.neighbour import neighbour_slowdown
 from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
 from bench.stats import median, paired_ratios
@@ -54,12 +55,6 @@ def store_pid(store) -> int:
     if proc is None:
         raise BenchError("cannot find the object store's server process")
     return proc.pid
-
-
-def cpu_seconds(proc: psutil.Process) -> float:
-    """User and system CPU time of the process, all its threads."""
-    times = proc.cpu_times()
-    return times.user + times.system
 
 
 @dataclass(frozen=True)
