@@ -81,8 +81,8 @@ class StallSize:
     """One model size of the checkpoint-stall section: the MLP's width, the checkpoint interval and
     the run's length in steps. The interval must outlast a write (or the checkpoints queue up and the
     figure measures the store's throughput) with room to spare for a baseline after it: the smallest
-    model's steps take about 1 ms with a core to spare, while its write to the local store took
-    15-40 ms (25 ms at most since the store keeps connections alive), so it checkpoints every 100
+    model's steps take 0.4 to 1 ms with a core to spare, while its write to the local store took
+    15-40 ms (25 ms at most since the store keeps connections alive), so it checkpoints every 200
     steps, the others every 50."""
 
     width: int
@@ -137,10 +137,14 @@ FULL = Plan(
     # Intervals (see StallSize): at 25 steps, with the 1 ms steps of width 256, a checkpoint was due
     # every 25 ms, less than the local moto store took to accept one (15-40 ms for 3 requests), so
     # each waited for the last and the figure measured the store's throughput instead (the trainer
-    # says so in a warning and the summary's checkpoint_wait_s, reported below).
-    stall_sizes=(StallSize(256, every=100, steps=600, warmup=50),
-                 StallSize(1024, every=50, steps=250, warmup=50),
-                 StallSize(2048, every=50, steps=250, warmup=50)),
+    # says so in a warning and the summary's checkpoint_wait_s, reported below). At 100 steps of
+    # 0.4 ms (one thread, a core to spare) the longest write (35 ms) still outlasted 4/5 of it: 200.
+    # Lengths: with 4 checkpoints a run (12 in all) the median's 95 % interval spanned several steps
+    # at the smallest size (its per-checkpoint samples -6.6 to +4.9 ms), so no verdict could stand;
+    # 28, 18 and 10 a run cost about 4 minutes more.
+    stall_sizes=(StallSize(256, every=200, steps=5950, warmup=50),
+                 StallSize(1024, every=50, steps=950, warmup=50),
+                 StallSize(2048, every=50, steps=550, warmup=50)),
     stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE), neighbour_pairs=40,
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
@@ -246,6 +250,9 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             try:
                 profile = stall_estimate([step_durations(r["records"]) for r in records["checkpoints"]],
                                          profiled, every, write_s=max(write_max))
+                # The null control: the same estimate, same after steps, over the runs that wrote nothing
+                null = stall_estimate([step_durations(r["records"]) for r in records["no-checkpoints"]],
+                                      profiled, every, after=profile["after_steps"])
             except ValueError as e:
                 raise BenchError(f"checkpoint stall, {layout.name}, width {width}: {e}") from None
             step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
@@ -266,10 +273,14 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                          f"{neighbour['cost_of_writer_cpu_s'] * 1e3:.2f} ms, "
                          f"the store's {store_cpu * 1e3:.1f} ms "
                          f"{neighbour['cost_of_store_cpu_s'] * 1e3:.2f} ms")
-            lost = profile["lost_per_checkpoint_s"]
+            lost, interval = profile["lost_per_checkpoint_s"], profile["lost_interval_s"]
             contained = profile["write_within_after"]
+            # decided: the interval of the median lies wholly on one side of one step
+            decided = contained and interval is not None and (interval[1] < step_s or interval[0] >= step_s)
             progress(f"checkpoint stall: {layout.name}, mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
-                     f"lost per checkpoint {lost * 1e3:.1f} ms (longest write {max(write_max) * 1e3:.0f} ms"
+                     f"lost per checkpoint {lost * 1e3:.1f} ms{_ms_interval(interval)}, the same estimate "
+                     f"without checkpoints {null['lost_per_checkpoint_s'] * 1e3:.1f} ms "
+                     f"(longest write {max(write_max) * 1e3:.0f} ms"
                      f"{'' if contained else ', longer than 4/5 of an interval'}; without-checkpoints "
                      f"cross-check {[round(x * 1e3, 1) for x in ab_lost]} ms)")
             sizes.append({
@@ -280,8 +291,13 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 "baseline_step_s": step_s,
                 "lost_per_checkpoint_s": lost,
                 "lost_per_checkpoint_samples_s": profile["lost_per_checkpoint_samples_s"],
+                "lost_interval_s": interval,
+                "checkpoints_measured": profile["checkpoints_measured"],
                 "lost_in_steps": lost / step_s,
                 "below_one_step": contained and lost < step_s,
+                "verdict_decided": decided,
+                "null_lost_per_checkpoint_s": null["lost_per_checkpoint_s"],
+                "null_lost_interval_s": null["lost_interval_s"],
                 # per run: the longest write, and the time training waited for the previous write
                 "write_max_s": write_max,
                 "after_steps": profile["after_steps"],
@@ -306,8 +322,12 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             "method": "every step timed; lost per checkpoint = the time of the steps after it that cover "
                       "the longest write (after_steps, at least half the interval) minus as many steps at "
                       "the mean of the rest of the interval, median over the checkpoints after "
-                      "profiled_after_steps of every repeat; no verdict when the write outlasts 4/5 of the "
-                      "interval; one step = the run without checkpoints' window / steps. "
+                      "profiled_after_steps of every repeat, with a distribution-free 95 % interval "
+                      "(lost_interval_s); no verdict when the write outlasts 4/5 of the "
+                      "interval; one step = the run without checkpoints' window / steps; verdict_decided "
+                      "when the interval lies on one side of one step. Null control (null_*): the same "
+                      "estimate, same after steps, over the runs without checkpoints at the same steps: "
+                      "what the method reads where nothing was written. "
                       "Cross-check (ab_*): the trainer with and without checkpoints, interleaved, same "
                       "window (the steps after the warmup), (window with - window without) / "
                       "checkpoints in the window, median over repeats. The writer process and the moto "
@@ -321,6 +341,10 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                       "the store server's CPU time per checkpoint (median over the runs: the trainer's "
                       "checkpoint_write_cpu_s, the server process's CPU over the run, each over the "
                       "checkpoints written)."}
+
+
+def _ms_interval(interval: list[float] | None) -> str:
+    return "" if interval is None else f" ({interval[0] * 1e3:.1f} to {interval[1] * 1e3:.1f})"
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:

@@ -75,24 +75,41 @@ def _headline(s: dict) -> list[str]:
 
 def _stall(s: dict) -> list[str]:
     rows = [f"  {'layout':28} {'model':10} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} "
-            f"{'every':>6} {'lost/ckpt ms':>13} {'in steps':>9} {'write ms':>9} {'waited ms/run':>14} "
+            f"{'every':>6} {'lost/ckpt ms':>13} {'95% interval':>13} {'null ms':>9} {'in steps':>9} "
+            f"{'write ms':>9} {'waited ms/run':>14} "
             f"{'busy core':>16}"]
     for z in s["sizes"]:
         rows.append(f"  {z.get('layout', ''):28} {z['model'] + ' w' + str(z['width']):10} "
                     f"{z['checkpoint_bytes'] / 1e6:>14.1f} "
                     f"{z['baseline_step_s'] * 1e3:>9.1f} {z['first_step_excess_s'] * 1e3:>13.1f} "
                     f"{z.get('every', s.get('every', 0)):>6} "
-                    f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {z['lost_in_steps']:>9.2f} "
+                    f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {_ms_range(z.get('lost_interval_s')):>13} "
+                    f"{_ms_null(z):>9} {z['lost_in_steps']:>9.2f} "
                     f"{max(z.get('write_max_s') or [0.0]) * 1e3:>9.0f} "
                     f"{_wait(z.get('writer_wait_s')):>14} {_busy_core(z.get('neighbour')):>16}  "
-                    f"{_stall_verdict(z)}")
+                    f"{stall_verdict(z)}")
     return rows
 
 
-def _stall_verdict(z: dict) -> str:
+def _ms_range(interval: list[float] | None) -> str:
+    return "-" if interval is None else f"{interval[0] * 1e3:.1f}..{interval[1] * 1e3:.1f}"
+
+
+def _ms_null(z: dict) -> str:
+    """The null control (the estimate over the runs without checkpoints); '-' where unmeasured."""
+    null = z.get("null_lost_per_checkpoint_s")
+    return "-" if null is None else f"{null * 1e3:.1f}"
+
+
+def stall_verdict(z: dict) -> str:
+    """One stall row against its target (below one step): the median's side, and whether its 95 %
+    interval decides it (results from before the interval say only the side)."""
     if not z.get("write_within_after", True):
         return "write outlasts 4/5 of the interval: no verdict"
-    return "< 1 step" if z["below_one_step"] else ">= 1 step"
+    side = "< 1 step" if z["below_one_step"] else ">= 1 step"
+    if "verdict_decided" in z and not z["verdict_decided"]:
+        return f"{side}, its interval holds both sides: undecided"
+    return side
 
 
 def _busy_core(n: dict | None) -> str:

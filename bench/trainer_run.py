@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.launch import BenchError, run_command, venv_bin
 from bench.peer import HorovodSettings, LoopShape
+from bench.stats import median_interval
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 
@@ -124,7 +125,7 @@ def step_durations(records: list[dict]) -> dict[int, float]:
 
 
 def stall_estimate(runs: list[dict[int, float]], checkpoint_steps: list[int], every: int,
-                   write_s: float = 0.0) -> dict:
+                   write_s: float = 0.0, after: int | None = None) -> dict:
     """Training time lost per checkpoint, from per-step durations of runs that checkpoint every `every`
     steps, after each step in `checkpoint_steps`; `write_s` is the longest write the trainer reported.
 
@@ -136,7 +137,12 @@ def stall_estimate(runs: list[dict[int, float]], checkpoint_steps: list[int], ev
     so a machine that gets busier or quieter over a run shifts both alike; the figure is the median
     over all checkpoints of all runs (a neighbour's burst hits one checkpoint, not the median). When
     no such split leaves a fifth of the interval for the baseline, the write outlasts what can be
-    measured: `write_within_after` is False and the figure is a lower bound.
+    measured: `write_within_after` is False and the figure is a lower bound. `after` fixes the after
+    steps instead: the same estimate over runs that wrote no checkpoints (at the same steps) reads
+    what the method finds where there is nothing to find.
+
+    `lost_interval_s`: a distribution-free 95 % interval for that median (stats.median_interval),
+    None with fewer than 6 checkpoints.
 
     Also, position p (1..every) is the p-th step after a checkpoint: its excess is the median over all
     checkpoints of its duration, less the median baseline step (`baseline_step_s`); the first
@@ -156,19 +162,26 @@ def stall_estimate(runs: list[dict[int, float]], checkpoint_steps: list[int], ev
     if not windows:
         raise ValueError("no checkpoints to measure")
     longest_after = every - max(1, every // 5)
-    after = next((k for k in range(every // 2, longest_after + 1)
-                  if all(sum(w[:k]) > write_s for w in windows)), None)
-    contained = after is not None
-    if after is None:
-        after = longest_after
+    if after is not None:
+        if not 1 <= after <= longest_after:
+            raise ValueError(f"after={after}: must be 1..{longest_after} for every={every}")
+        contained = True
+    else:
+        after = next((k for k in range(every // 2, longest_after + 1)
+                      if all(sum(w[:k]) > write_s for w in windows)), None)
+        contained = after is not None
+        if after is None:
+            after = longest_after
     lost = [sum(w[:after]) - after * statistics.fmean(w[after:]) for w in windows]
     baseline = statistics.median(d for w in windows for d in w[after:])
     excess = [statistics.median(w[p] for w in windows) - baseline for p in range(every)]
+    interval = median_interval(lost)
     return {
         "baseline_step_s": baseline,
         "first_step_excess_s": excess[0],
         "lost_per_checkpoint_s": statistics.median(lost),
         "lost_per_checkpoint_samples_s": lost,
+        "lost_interval_s": None if interval is None else [interval.low, interval.high],
         "after_steps": after,
         "write_within_after": contained,
         "excess_by_position_s": excess,

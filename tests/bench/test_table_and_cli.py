@@ -122,26 +122,39 @@ def test_stall_rows_name_their_layout(results):
     long_write.update(writer_cpu_per_checkpoint_s=0.05, store_cpu_per_checkpoint_s=0.2, checkpoint_bytes=35e6,
                       neighbour={"ratio": 1.04, "interval": [1.023, 1.052], "cost_of_writer_cpu_s": 0.002,
                                  "cost_of_store_cpu_s": 0.008})
+    # with the interval of its median and the null control: the median is below one step, its
+    # interval is not
+    undecided = size("1 worker, 1 thread, 2 cores", 0.004, 0.003)
+    undecided.update(lost_interval_s=[0.0021, 0.0052], verdict_decided=False, checkpoints_measured=84,
+                     null_lost_per_checkpoint_s=0.0004)
+    decided = dict(undecided, lost_interval_s=[0.0021, 0.0032], verdict_decided=True)
     results["sections"]["checkpoint_stall"] = {
         "status": "ok", "repeats": 1,
-        "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004), long_write]}
+        "sizes": [saturated, size("1 worker, 1 thread, 2 cores", 0.010, 0.004), long_write,
+                  undecided, decided]}
     text = markdown(results)
     # the spare core's share: only the row that measured it, split into the writer's and the store's
     assert ("| 35.0 MB | +4.0 % (+2.3 to +5.2 %) | 50.0 ms | 2.00 ms | 200.0 ms | 8.00 ms | +2.0 ms | "
             "1.0 ms |") in text
     assert "| 0.7 MB | +" not in text
     assert "the steps after it that cover the longest write (at least half the interval)" in text
-    assert ("| 2 workers on 2 cores | 0.7 MB | 50 | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | 20 ms | 40.0 ms | "
-            "250, 0, 100 ms |") in text
-    assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 50 | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | 20 ms | "
-            "14.0 ms | – |") in text
-    assert "| 400 ms (over 4/5 of the interval: no verdict) |" in text
+    assert ("| 2 workers on 2 cores | 0.7 MB | 50 | – | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | >= 1 step | – | "
+            "20 ms | 40.0 ms | 250, 0, 100 ms |") in text
+    assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 50 | – | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | "
+            "< 1 step | – | 20 ms | 14.0 ms | – |") in text
+    assert "| 0.10 | write outlasts 4/5 of the interval: no verdict | – | 400 ms |" in text
+    assert ("| 84 | 4.0 ms | +2.0 ms | 3.0 ms (2.1 to 5.2) | 0.75 | < 1 step, its interval holds both sides: "
+            "undecided | 0.4 ms | 20 ms |") in text
+    assert "| 3.0 ms (2.1 to 3.2) | 0.75 | < 1 step | 0.4 ms |" in text
     rows = table.render(results).splitlines()
     spare = [r for r in rows if r.strip().startswith("1 worker, 1 thread, 2 cores")]
     full = [r for r in rows if r.strip().startswith("2 workers on 2 cores")]
     assert spare[0].endswith(" 20              -                -  < 1 step")
     assert full[0].endswith(" 100                -  >= 1 step")
     assert spare[1].endswith("  +4.0% 10.00ms  write outlasts 4/5 of the interval: no verdict")
+    assert " 3.0      2.1..5.2       0.4      0.75 " in spare[2]
+    assert spare[2].endswith("< 1 step, its interval holds both sides: undecided")
+    assert spare[3].endswith("  < 1 step")
 
 
 def test_table_shows_the_headline_with_pinned_ddp(results):

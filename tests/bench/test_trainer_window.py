@@ -157,3 +157,30 @@ def test_stall_estimate_needs_room_after_each_checkpoint():
         stall_estimate([{s: 0.02 for s in range(1, 30)}], [20], every=20)
     with pytest.raises(ValueError, match="at least 4"):
         stall_estimate([{}], [2], every=2)
+
+
+def test_stall_estimate_with_fixed_after_steps_reads_runs_without_checkpoints():
+    # The null control: the same estimate over runs that wrote nothing, with the after steps the
+    # checkpointing runs needed. Flat steps read 0; a run whose steps slow down across each interval
+    # (a trend the method would count as a gain) reads that bias, not 0.
+    flat = {s: 0.02 for s in range(1, 101)}
+    est = stall_estimate([flat], [20, 40, 60], every=20, after=14)
+    assert est["after_steps"] == 14 and est["write_within_after"]
+    assert est["lost_per_checkpoint_s"] == pytest.approx(0.0)
+    rising = {s: 0.02 + 0.001 * (s % 20) for s in range(1, 101)}  # positions 1..19 rise, 20 resets
+    biased = stall_estimate([rising], [20, 40, 60], every=20, after=10)["lost_per_checkpoint_s"]
+    after_excess, rest_mean = 0.001 * sum(range(1, 11)), 0.001 * sum(range(11, 20)) / 10
+    assert biased == pytest.approx(after_excess - 10 * rest_mean)
+    with pytest.raises(ValueError, match="after=17: must be 1..16"):
+        stall_estimate([flat], [20, 40, 60], every=20, after=17)
+
+
+def test_stall_estimate_gives_an_interval_for_its_median_once_there_are_enough_checkpoints():
+    d = {s: 0.02 for s in range(1, 141)}
+    for i, c in enumerate((20, 40, 60, 80, 100, 120)):
+        d[c + 1] += 0.001 * (i + 1)  # per-checkpoint costs 1..6 ms
+    est = stall_estimate([d], [20, 40, 60, 80, 100, 120], every=20)
+    low, high = est["lost_interval_s"]
+    assert low == pytest.approx(0.001) and high == pytest.approx(0.006)  # 6 values: the extremes (96.9 %)
+    assert low <= est["lost_per_checkpoint_s"] <= high
+    assert stall_estimate([d], [20, 40, 60], every=20)["lost_interval_s"] is None  # 3 values: too few
