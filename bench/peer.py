@@ -57,6 +57,8 @@ STUDY: dict[str, HorovodSettings] = {
     "hvd-threads1-pin-autotune": HorovodSettings(threads=1, pin=True, autotune=True),
     "hvd-threads1-pin-fp16": HorovodSettings(threads=1, pin=True, compression="fp16"),
     "hvd-threads1-pin-cycle0.5-groups1": HorovodSettings(threads=1, pin=True, cycle_time_ms=0.5, groups=1),
+    "hvd-threads1-pin-cycle0.1-groups1": HorovodSettings(threads=1, pin=True, cycle_time_ms=0.1, groups=1),
+    "hvd-threads1-pin-cycle0.05-groups1": HorovodSettings(threads=1, pin=True, cycle_time_ms=0.05, groups=1),
 }
 
 

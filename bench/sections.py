@@ -25,11 +25,11 @@ from bench.trainer_run import TrainerRun, stall_estimate, step_durations
 Progress = Callable[[str], None]
 
 # The trainer runs here with its own defaults (no tuning flags): on CPU workers (train/cpu.py) each
-# worker pinned to its share of the cores, one torch thread per core of it, Horovod's cycle time 0.5
+# worker pinned to its share of the cores, one torch thread per core of it, Horovod's cycle time 0.05
 # ms, the gradients allreduced in one group. PRODUCTION is the same for the bare Horovod loop at 2
 # workers on 2 cores (a test holds the two together). The study below is the evidence for each choice.
 TRAINER_DEFAULTS = None
-PRODUCTION = HorovodSettings(threads=1, pin=True, cycle_time_ms=0.5, groups=1)
+PRODUCTION = HorovodSettings(threads=1, pin=True, cycle_time_ms=0.05, groups=1)
 STORE_BUCKET = "bench"
 # The local S3 server runs at the lowest CPU priority (niceness 19, as the trainer runs its checkpoint
 # writer): on AWS, S3's work happens on S3's machines, not on the training node, so here it should only

@@ -49,7 +49,7 @@ class HorovodConfig:
     backward_passes_per_step: int = 1
     adasum: bool = False
     fusion_threshold_mb: float | None = None  # None: Horovod's default (HOROVOD_FUSION_THRESHOLD)
-    cycle_time_ms: float | None = None  # None: $HOROVOD_CYCLE_TIME, else 0.5 ms on CPU, Horovod's 1 ms on GPU
+    cycle_time_ms: float | None = None  # None: $HOROVOD_CYCLE_TIME, else 0.05 ms on CPU, Horovod's 1 on GPU
     gradient_groups: int | None = None  # None: 1 on CPU workers, 0 (per-gradient) on GPU, elastic, Adasum
     elastic: bool = False
 
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adasum", action="store_true", help="reduce gradients with Adasum instead of averaging")
     p.add_argument("--fusion-threshold-mb", type=float, default=None)
     p.add_argument("--cycle-time-ms", type=float, default=None,
-                   help="Horovod's cycle time (default: $HOROVOD_CYCLE_TIME, else 0.5 on CPU workers, "
+                   help="Horovod's cycle time (default: $HOROVOD_CYCLE_TIME, else 0.05 on CPU workers, "
                         "Horovod's own 1 on GPUs)")
     p.add_argument("--gradient-groups", type=int, default=None,
                    help="allreduce the gradients in N groups, each sent once all its gradients are ready "

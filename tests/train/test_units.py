@@ -120,7 +120,7 @@ def test_fusion_threshold_and_cycle_time_reach_horovods_environment():
     configure_horovod_env(parse_args([]), on_gpu=True, environ=env)
     assert env == {}  # on GPUs Horovod's own defaults stand
     configure_horovod_env(parse_args([]), on_gpu=False, environ=env)
-    assert env == {"HOROVOD_CYCLE_TIME": "0.5"}  # the CPU default the benchmarks chose
+    assert env == {"HOROVOD_CYCLE_TIME": "0.05"}  # the CPU default the benchmarks chose
     env = {"HOROVOD_CYCLE_TIME": "3"}
     configure_horovod_env(parse_args([]), on_gpu=False, environ=env)
     assert env == {"HOROVOD_CYCLE_TIME": "3"}  # the environment wins over our default
