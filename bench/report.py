@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.results import RESULTS_DIR
 from bench.stats import median_interval
-from bench.table import stall_verdict
+from bench.table import ms_interval, stall_verdict
 
 
 def _x(v: float) -> str:
@@ -192,14 +192,13 @@ def markdown(r: dict) -> str:
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.1f}" for x in z.get("ab_lost_per_repeat_s", []))
             write = max(z.get("write_max_s") or [0.0])
-            interval = z.get("lost_interval_s")
-            within = "" if interval is None else f" ({interval[0] * 1e3:.1f} to {interval[1] * 1e3:.1f})"
             null = z.get("null_lost_per_checkpoint_s")
             out.append(f"| {z.get('layout', '')} | {z['checkpoint_bytes'] / 1e6:.1f} MB | "
                        f"{z.get('every', ck.get('every'))} | {z.get('checkpoints_measured', '–')} | "
                        f"{z['baseline_step_s'] * 1e3:.1f} ms | "
                        f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
-                       f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms{within} | {z['lost_in_steps']:.2f} | "
+                       f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms{ms_interval(z.get('lost_interval_s'))} | "
+                       f"{z['lost_in_steps']:.2f} | "
                        f"{stall_verdict(z)} | {'–' if null is None else f'{null * 1e3:.1f} ms'} | "
                        f"{write * 1e3:.0f} ms | {per} ms | {_ms_list(z.get('writer_wait_s'))} |")
         out.append("")

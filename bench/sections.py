@@ -20,6 +20,7 @@ from bench.machine import cpu_seconds
 from bench.neighbour import neighbour_slowdown
 from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
 from bench.stats import median, paired_ratios
+from bench.table import ms_interval
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations
 
 Progress = Callable[[str], None]
@@ -247,12 +248,13 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             ab_lost = [(a["window_s"] - b["window_s"]) / in_window
                        for a, b in zip(records["checkpoints"], records["no-checkpoints"], strict=True)]
             write_max = [r["checkpoint_write_max_s"] for r in records["checkpoints"]]
+            # per run: step -> seconds (the trainer logs every step here)
+            durations = {name: [step_durations(r["records"]) for r in rs] for name, rs in records.items()}
             try:
-                profile = stall_estimate([step_durations(r["records"]) for r in records["checkpoints"]],
-                                         profiled, every, write_s=max(write_max))
+                profile = stall_estimate(durations["checkpoints"], profiled, every, write_s=max(write_max))
                 # The null control: the same estimate, same after steps, over the runs that wrote nothing
-                null = stall_estimate([step_durations(r["records"]) for r in records["no-checkpoints"]],
-                                      profiled, every, after=profile["after_steps"])
+                null = stall_estimate(durations["no-checkpoints"], profiled, every,
+                                      after=profile["after_steps"])
             except ValueError as e:
                 raise BenchError(f"checkpoint stall, {layout.name}, width {width}: {e}") from None
             step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
@@ -278,7 +280,7 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
             # decided: the interval of the median lies wholly on one side of one step
             decided = contained and interval is not None and (interval[1] < step_s or interval[0] >= step_s)
             progress(f"checkpoint stall: {layout.name}, mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
-                     f"lost per checkpoint {lost * 1e3:.1f} ms{_ms_interval(interval)}, the same estimate "
+                     f"lost per checkpoint {lost * 1e3:.1f} ms{ms_interval(interval)}, the same estimate "
                      f"without checkpoints {null['lost_per_checkpoint_s'] * 1e3:.1f} ms "
                      f"(longest write {max(write_max) * 1e3:.0f} ms"
                      f"{'' if contained else ', longer than 4/5 of an interval'}; without-checkpoints "
@@ -314,8 +316,7 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 "window_s": {name: [r["window_s"] for r in rs] for name, rs in records.items()},
                 # raw samples: the checkpointing runs' per-step durations, as [step, seconds]
                 "step_durations_s": [
-                    [[k, round(d, 6)] for k, d in sorted(step_durations(r["records"]).items())]
-                    for r in records["checkpoints"]],
+                    [[k, round(d, 6)] for k, d in sorted(run.items())] for run in durations["checkpoints"]],
             })
     return {"status": "ok", "store_priority": STORE_PRIORITY, "repeats": plan.stall_repeats,
             "sizes": sizes,
@@ -341,10 +342,6 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                       "the store server's CPU time per checkpoint (median over the runs: the trainer's "
                       "checkpoint_write_cpu_s, the server process's CPU over the run, each over the "
                       "checkpoints written)."}
-
-
-def _ms_interval(interval: list[float] | None) -> str:
-    return "" if interval is None else f" ({interval[0] * 1e3:.1f} to {interval[1] * 1e3:.1f})"
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:

@@ -91,6 +91,11 @@ def _stall(s: dict) -> list[str]:
     return rows
 
 
+def ms_interval(interval: list[float] | None) -> str:
+    """' (low to high)' in milliseconds after a figure; '' where there is no interval."""
+    return "" if interval is None else f" ({interval[0] * 1e3:.1f} to {interval[1] * 1e3:.1f})"
+
+
 def _ms_range(interval: list[float] | None) -> str:
     return "-" if interval is None else f"{interval[0] * 1e3:.1f}..{interval[1] * 1e3:.1f}"
 
