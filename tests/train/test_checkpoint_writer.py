@@ -4,6 +4,7 @@ and deaths reported to the trainer, and a child that never outlives it."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -200,6 +201,41 @@ def test_a_submit_that_waits_for_the_previous_write_says_so_once(tmp_path, monke
         writer.close()
     assert writer.written == 4 and writer.waits == 2
     assert 0.8 < writer.waited_s < 1.5
+
+
+def _reply_arrived(writer: CheckpointWriter) -> None:
+    assert select.select([writer._sock], [], [], 30)[0], "no reply from the writer in 30 s"
+
+
+def test_a_submit_after_the_previous_write_is_done_counts_no_wait(tmp_path):
+    writer = CheckpointWriter(str(tmp_path), None, keep=3)
+    try:
+        writer.submit(1, _state(1))
+        _reply_arrived(writer)  # done, its reply unread
+        writer.submit(2, _state(2))
+        writer.wait()
+    finally:
+        writer.close()
+    assert writer.written == 2 and writer.waits == 0 and writer.waited_s == 0
+
+
+def test_reading_a_reply_does_not_wake_the_idle_child(tmp_path):
+    """The child waits for work in poll(POLLIN). Blocked in recv, it was woken each time the trainer
+    read a reply (the reply's memory is the child's socket's, and freeing it signals write space),
+    a cross-core wakeup paid on the training thread (train.checkpoint_writer.serve)."""
+    writer = CheckpointWriter(str(tmp_path), None, keep=3)
+    try:
+        child = psutil.Process(writer._proc.pid)
+        for step in (1, 2, 3):
+            writer.submit(step, _state(step))
+            _reply_arrived(writer)
+            time.sleep(0.2)  # the child back waiting
+            before = child.num_ctx_switches().voluntary
+            writer.wait()
+            time.sleep(0.2)
+            assert child.num_ctx_switches().voluntary == before, f"checkpoint {step}: the child woke"
+    finally:
+        writer.close()
 
 
 def test_a_writer_killed_mid_write_is_an_error_not_a_hang(tmp_path, monkeypatch):
