@@ -95,6 +95,27 @@ def write(results: dict, directory: Path = RESULTS_DIR) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{results['name']}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.write_text(to_json(results) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def to_json(value, depth: int = 0) -> str:
+    """JSON with one key per line, except that a list of scalars, or of lists of scalars, stays on one
+    line: the raw samples (thousands of per-step durations a run) took one line per number with
+    json.dumps(indent=1), and the file, committed with every full run, grew to 2.4 MB."""
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(value, dict) and value:
+        items = ",\n".join(f"{inner}{json.dumps(str(k))}: {to_json(v, depth + 1)}" for k, v in value.items())
+        return "{\n" + items + "\n" + pad + "}"
+    if isinstance(value, list) and not all(_flat(v) for v in value):
+        items = ",\n".join(inner + to_json(v, depth + 1) for v in value)
+        return "[\n" + items + "\n" + pad + "]"
+    return json.dumps(value)
+
+
+def _flat(value) -> bool:
+    """A scalar, or a list (or empty dict) of scalars."""
+    if isinstance(value, list):
+        return all(not isinstance(v, list | dict) for v in value)
+    return not isinstance(value, dict) or not value
