@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import shlex
 import sys
@@ -51,12 +52,18 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
+def plan_for(args: argparse.Namespace) -> sections.Plan:
+    """The full plan or --quick's, with --repeats for every comparison when given."""
+    plan = sections.QUICK if args.quick else sections.FULL
+    if args.repeats is None:
+        return plan
+    return dataclasses.replace(plan, repeats=args.repeats, headline_repeats=args.repeats,
+                               stall_repeats=args.repeats)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = sections.QUICK if args.quick else sections.FULL
-    if args.repeats is not None:
-        plan = sections.replace(plan, repeats=args.repeats, headline_repeats=args.repeats,
-                                stall_repeats=args.repeats)
+    plan = plan_for(args)
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

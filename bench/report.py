@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -22,6 +23,17 @@ def _x(v: float) -> str:
 def _ms_list(values: list[float] | None) -> str:
     """Seconds as comma-separated milliseconds; a dash where results predate the figure."""
     return "–" if values is None else ", ".join(f"{v * 1e3:.0f}" for v in values) + " ms"
+
+
+def _median_range(values: list[float], scale: float = 1.0) -> str:
+    """'median (lowest-highest)' of `values` times `scale`, without decimals."""
+    v = [x * scale for x in values]
+    return f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+
+
+def _counts(values: list[int] | None) -> str:
+    """Comma-separated counts; a dash where results predate the figure."""
+    return "–" if values is None else ", ".join(str(v) for v in values)
 
 
 def _busy_core_table(sizes: list[dict]) -> list[str]:
@@ -147,6 +159,12 @@ def markdown(r: dict) -> str:
                 f"{_interval(pp['bare-hvd']['per_repeat'])} | |",
             ]
         out += [""]
+        tc = h.get("trainer_checkpoints")
+        if tc:
+            out += [f"The trainer's checkpoints per run, median (range): {_median_range(tc['written'])} "
+                    f"written (the final one, after the window, included), "
+                    f"{_median_range(tc['deferred'])} deferred past their step while the previous write "
+                    f"went on; longest write {_median_range(tc['write_max_s'], 1e3)} ms.", ""]
     st = s.get("peer_study", {})
     if st.get("status") == "ok":
         comp = st["comparison"]
@@ -186,8 +204,8 @@ def markdown(r: dict) -> str:
             "| layout | checkpoint | every N steps | checkpoints measured | one step | first step after it "
             "| lost per checkpoint (95 % interval) | in steps | verdict | the same estimate without "
             "checkpoints | longest write | cross-check per repeat "
-            "| waited for the previous write (per run) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|",
+            "| waited for the previous write (per run) | deferred (per run) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|",
         ]
         for z in ck["sizes"]:
             per = ", ".join(f"{x * 1e3:.1f}" for x in z.get("ab_lost_per_repeat_s", []))
@@ -200,7 +218,8 @@ def markdown(r: dict) -> str:
                        f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms{ms_interval(z.get('lost_interval_s'))} | "
                        f"{z['lost_in_steps']:.2f} | "
                        f"{stall_verdict(z)} | {'–' if null is None else f'{null * 1e3:.1f} ms'} | "
-                       f"{write * 1e3:.0f} ms | {per} ms | {_ms_list(z.get('writer_wait_s'))} |")
+                       f"{write * 1e3:.0f} ms | {per} ms | {_ms_list(z.get('writer_wait_s'))} | "
+                       f"{_counts(z.get('checkpoints_deferred'))} |")
         out.append("")
         out += _busy_core_table(ck["sizes"])
     rc = s.get("recovery", {})

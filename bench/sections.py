@@ -211,7 +211,18 @@ def headline_section(plan: Plan, progress: Progress) -> dict:
         "peer": {name: {"per_repeat": v, "median": median(v), "target": 1.0, "met": median(v) >= 1.0}
                  for name, v in vs_ddp.items()},
         "peer_pinned": {name: {"per_repeat": v, "median": median(v)} for name, v in vs_ddp_pinned.items()},
+        "trainer_checkpoints": trainer_checkpoints(comparison["contenders"]["trainer"]["runs"]),
     }
+
+
+def trainer_checkpoints(runs: list[dict]) -> dict:
+    """Per run, what the trainer's checkpoints did: written (the final one, after the window,
+    included), deferred past their step because the previous write went on (train.trainer), the
+    time training waited for a write in flight (the final checkpoint's), and the longest write."""
+    return {"written": [r["checkpoints_written"] for r in runs],
+            "deferred": [r["checkpoints_deferred"] for r in runs],
+            "wait_s": [r["checkpoint_wait_s"] for r in runs],
+            "write_max_s": [r["checkpoint_write_max_s"] for r in runs]}
 
 
 def stall_section(plan: Plan, progress: Progress) -> dict:
@@ -305,6 +316,9 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 "after_steps": profile["after_steps"],
                 "write_within_after": contained,
                 "writer_wait_s": [r["checkpoint_wait_s"] for r in records["checkpoints"]],
+                # checkpoints taken late because the previous write outlasted the interval (then the
+                # write is not within 4/5 of it either: no verdict)
+                "checkpoints_deferred": [r["checkpoints_deferred"] for r in records["checkpoints"]],
                 "writer_cpu_per_checkpoint_s": writer_cpu,
                 "store_cpu_per_checkpoint_s": store_cpu,
                 "store_cpu_without_checkpoints_s": [r["store_cpu_s"] for r in records["no-checkpoints"]],

@@ -69,6 +69,8 @@ def _headline(s: dict) -> list[str]:
           f"target >= {v['target']}: {_met(v['met'])})" for name, v in p.items()),
         *(f"  {name} / DDP pinned alike: {_ratio(v['median'])}"
           for name, v in s.get("peer_pinned", {}).items()),
+        *([f"  trainer checkpoints per run: written {s['trainer_checkpoints']['written']} (final included), "
+           f"deferred {s['trainer_checkpoints']['deferred']}"] if "trainer_checkpoints" in s else []),
         f"  window: {s['window']}",
     ]
 
@@ -76,7 +78,7 @@ def _headline(s: dict) -> list[str]:
 def _stall(s: dict) -> list[str]:
     rows = [f"  {'layout':28} {'model':10} {'checkpoint MB':>14} {'step ms':>9} {'1st step +ms':>13} "
             f"{'every':>6} {'lost/ckpt ms':>13} {'95% interval':>13} {'null ms':>9} {'in steps':>9} "
-            f"{'write ms':>9} {'waited ms/run':>14} "
+            f"{'write ms':>9} {'waited ms/run':>14} {'deferred/run':>13} "
             f"{'busy core':>16}"]
     for z in s["sizes"]:
         rows.append(f"  {z.get('layout', ''):28} {z['model'] + ' w' + str(z['width']):10} "
@@ -86,7 +88,8 @@ def _stall(s: dict) -> list[str]:
                     f"{z['lost_per_checkpoint_s'] * 1e3:>13.1f} {_ms_range(z.get('lost_interval_s')):>13} "
                     f"{_ms_null(z):>9} {z['lost_in_steps']:>9.2f} "
                     f"{max(z.get('write_max_s') or [0.0]) * 1e3:>9.0f} "
-                    f"{_wait(z.get('writer_wait_s')):>14} {_busy_core(z.get('neighbour')):>16}  "
+                    f"{_wait(z.get('writer_wait_s')):>14} {_deferred(z.get('checkpoints_deferred')):>13} "
+                    f"{_busy_core(z.get('neighbour')):>16}  "
                     f"{stall_verdict(z)}")
     return rows
 
@@ -129,6 +132,11 @@ def _busy_core(n: dict | None) -> str:
 def _wait(values: list[float] | None) -> str:
     """The median run's wait for the previous checkpoint's write, in ms; '-' for older results."""
     return "-" if not values else f"{statistics.median(values) * 1e3:.0f}"
+
+
+def _deferred(values: list[int] | None) -> str:
+    """The median run's count of checkpoints deferred past their step; '-' for older results."""
+    return "-" if values is None else f"{statistics.median(values):g}"
 
 
 def _recovery(s: dict) -> list[str]:

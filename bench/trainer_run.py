@@ -110,6 +110,8 @@ class TrainerRun:
             "checkpoints_written": summary["checkpoints_written"],
             # training time spent waiting for the previous checkpoint's write (see train.checkpoint_writer)
             "checkpoint_wait_s": summary["checkpoint_wait_s"],
+            # periodic checkpoints due while the previous write went on, taken late (train.trainer)
+            "checkpoints_deferred": summary["checkpoints_deferred"],
             "checkpoint_write_max_s": summary["checkpoint_write_max_s"],
             "checkpoint_write_cpu_s": summary["checkpoint_write_cpu_s"],  # the writer process's CPU
             "cpus": summary["cpu_affinity"],  # rank 0's cores, as the trainer pinned them (or None)

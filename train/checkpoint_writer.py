@@ -35,7 +35,8 @@ core runs it; at 0.7 MB the hand-over cost more than the copy (+0.8 against +0.5
 states in host memory are copied in `submit` itself.
 
 One checkpoint is in flight at a time: `submit` first waits for the previous one (and re-raises its
-error), so the buffer is never overwritten while the child reads it.
+error), so the buffer is never overwritten while the child reads it. A caller that would rather not
+wait asks `busy()` first (the trainer defers a periodic checkpoint while the previous one is written).
 """
 
 from __future__ import annotations
@@ -462,6 +463,11 @@ class CheckpointWriter:
     def wait(self) -> None:
         """Block until the checkpoint in flight is written; re-raise its error."""
         self._collect(block=True)
+
+    def busy(self) -> bool:
+        """Whether a checkpoint is still being written, without waiting for it (a reply that is there
+        is taken now, and its error re-raised)."""
+        return not self._collect(block=False)
 
     def _collect(self, block: bool) -> bool:
         """Take the reply for the checkpoint in flight, if any, re-raising its error. False only when

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import table
-from bench.__main__ import parse_args
+from bench import sections, table
+from bench.__main__ import parse_args, plan_for
 from bench.machine import cpu_model
 from bench.peer import STUDY, HorovodSettings
 
@@ -45,6 +45,14 @@ def test_cli_defaults_and_choices():
     assert a.name == "latest" and not a.quick and a.sections[0] == "peer_study"
     q = parse_args(["--quick", "--sections", "headline, recovery"])
     assert q.name == "quick" and q.sections == ["headline", "recovery"]
+
+
+def test_repeats_overrides_every_comparison_of_either_plan():
+    assert plan_for(parse_args([])) is sections.FULL and plan_for(parse_args(["--quick"])) is sections.QUICK
+    for argv, base in (([], sections.FULL), (["--quick"], sections.QUICK)):
+        plan = plan_for(parse_args([*argv, "--repeats", "5"]))
+        assert (plan.repeats, plan.headline_repeats, plan.stall_repeats) == (5, 5, 5)
+        assert plan.shape == base.shape and plan.stall_sizes == base.stall_sizes
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -118,6 +126,7 @@ def test_stall_rows_name_their_layout(results):
 
     saturated = size("2 workers on 2 cores", 0.005, 0.030)
     saturated["writer_wait_s"] = [0.25, 0.0, 0.1]  # results from before this figure have none
+    saturated["checkpoints_deferred"] = [2, 3, 2]  # nor this one
     long_write = size("1 worker, 1 thread, 2 cores", 0.010, 0.001, write_s=0.4, contained=False)
     long_write.update(writer_cpu_per_checkpoint_s=0.05, store_cpu_per_checkpoint_s=0.2, checkpoint_bytes=35e6,
                       neighbour={"ratio": 1.04, "interval": [1.023, 1.052], "cost_of_writer_cpu_s": 0.002,
@@ -139,9 +148,9 @@ def test_stall_rows_name_their_layout(results):
     assert "| 0.7 MB | +" not in text
     assert "the steps after it that cover the longest write (at least half the interval)" in text
     assert ("| 2 workers on 2 cores | 0.7 MB | 50 | – | 5.0 ms | +2.0 ms | 30.0 ms | 6.00 | >= 1 step | – | "
-            "20 ms | 40.0 ms | 250, 0, 100 ms |") in text
+            "20 ms | 40.0 ms | 250, 0, 100 ms | 2, 3, 2 |") in text
     assert ("| 1 worker, 1 thread, 2 cores | 0.7 MB | 50 | – | 10.0 ms | +2.0 ms | 4.0 ms | 0.40 | "
-            "< 1 step | – | 20 ms | 14.0 ms | – |") in text
+            "< 1 step | – | 20 ms | 14.0 ms | – | – |") in text
     assert "| 0.10 | write outlasts 4/5 of the interval: no verdict | – | 400 ms |" in text
     assert ("| 84 | 4.0 ms | +2.0 ms | 3.0 ms (2.1 to 5.2) | 0.75 | < 1 step, its interval holds both sides: "
             "undecided | 0.4 ms | 20 ms |") in text
@@ -149,8 +158,8 @@ def test_stall_rows_name_their_layout(results):
     rows = table.render(results).splitlines()
     spare = [r for r in rows if r.strip().startswith("1 worker, 1 thread, 2 cores")]
     full = [r for r in rows if r.strip().startswith("2 workers on 2 cores")]
-    assert spare[0].endswith(" 20              -                -  < 1 step")
-    assert full[0].endswith(" 100                -  >= 1 step")
+    assert spare[0].endswith(" 20              -             -                -  < 1 step")
+    assert full[0].endswith(" 100             2                -  >= 1 step")
     assert spare[1].endswith("  +4.0% 10.00ms  write outlasts 4/5 of the interval: no verdict")
     assert " 3.0      2.1..5.2       0.4      0.75 " in spare[2]
     assert spare[2].endswith("< 1 step, its interval holds both sides: undecided")
@@ -161,6 +170,22 @@ def test_table_shows_the_headline_with_pinned_ddp(results):
     text = table.render(results)
     assert "bare-hvd / DDP: 1.010x (too few repeats for a 95% interval; target >= 1.0: met)" in text
     assert "trainer / DDP pinned alike: 0.89x" in text
+
+
+def test_the_headline_says_what_the_trainers_checkpoints_did(results):
+    from bench.report import markdown
+
+    runs = [{"checkpoints_written": w, "checkpoints_deferred": d, "checkpoint_wait_s": 0.01,
+             "checkpoint_write_max_s": m} for w, d, m in ((5, 0, 0.29), (3, 2, 0.71), (4, 1, 0.45))]
+    head = results["sections"]["headline"]
+    assert "trainer checkpoints per run" not in table.render(results)  # results from before the figure
+    head["trainer_checkpoints"] = tc = sections.trainer_checkpoints(runs)
+    assert tc["written"] == [5, 3, 4] and tc["deferred"] == [0, 2, 1]
+    assert ("The trainer's checkpoints per run, median (range): 4 (3-5) written (the final one, after the "
+            "window, included), 1 (0-2) deferred past their step while the previous write went on; longest "
+            "write 450 (290-710) ms.") in markdown(results)
+    assert "  trainer checkpoints per run: written [5, 3, 4] (final included), deferred [0, 2, 1]" in (
+        table.render(results))
 
 
 def test_headline_ratios_carry_the_interval_of_their_median(results):

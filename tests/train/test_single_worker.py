@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 
@@ -126,3 +127,24 @@ def test_a_checkpoint_is_the_state_at_its_step_though_its_copy_runs_into_the_nex
         assert torch.equal(tensor, a["model"][name]), f"parameter {name} differs"
     for pid, st in b["optimizer"]["state"].items():
         assert torch.equal(st["momentum_buffer"], a["optimizer"]["state"][pid]["momentum_buffer"])
+
+
+def test_a_checkpoint_due_during_a_slow_write_is_deferred_and_training_does_not_wait(tmp_path, local_dataset):
+    ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
+    r = run(train_cmd("--data", str(local_dataset), "--steps", "120", "--checkpoint-dir", str(ck),
+                      "--checkpoint-every", "10", "--keep-checkpoints", "20", "--log-every", "1",
+                      "--metrics-file", str(metrics)),
+            env=worker_env({"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.02", ckpt.FAULT_DELAY_ENV: "1"}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = parse_summary(r.stdout)
+    # Each write takes over a second, ~50 steps: the checkpoints due meanwhile wait for it, not training.
+    assert s["checkpoints_deferred"] >= 1 and s["checkpoint_deferred_steps_max"] >= 10, s
+    assert r.stderr.count("deferred: the previous checkpoint is still being written") == 1
+    times = {rec["step"]: rec["time"] for rec in map(json.loads, metrics.read_text().splitlines())}
+    longest = max(times[k] - times[k - 1] for k in range(2, 120))
+    assert longest < 0.5, f"a step took {longest:.2f} s: training waited for a write"
+    steps = ckpt.CheckpointStore(open_store(str(ck)), keep=20).valid_steps()
+    assert steps[0] == 10 and steps[-1] == 120 and any(k % 10 for k in steps), steps
+    assert len(steps) == s["checkpoints_written"]
+    # a write apart, the final one aside
+    assert all(b - a >= 40 for a, b in itertools.pairwise(steps[:-1])), steps
