@@ -140,6 +140,8 @@ def format_summary(result: FlowResult) -> str:
     lines = [f"job {result.job}: {'done' if result.succeeded else 'FAILED'} "
              f"(exit code {result.exit_code}, {len(result.attempts)} attempt(s))"]
     written = sum(a.summary.get("checkpoints_written", 0) or 0 for a in result.attempts)
+    deferred = sum(a.summary.get("checkpoints_deferred", 0) or 0 for a in result.attempts)
+    late = f", {deferred} deferred past their step (the previous write was still going)" if deferred else ""
     if s:
         first = result.attempts[0].summary.get("initial_loss") if result.attempts else None
         first_loss = format(first, ".4f") if isinstance(first, int | float) else "n/a"
@@ -153,7 +155,7 @@ def format_summary(result: FlowResult) -> str:
             f"  loss               {first_loss} -> {num('final_loss', '.4f')}",
             f"  samples/s          {num('samples_per_sec', '.1f')} "
             f"(last attempt, {s.get('world_size', '?')} workers)",
-            f"  checkpoints        {written} written",
+            f"  checkpoints        {written} written{late}",
         ]
     for i, a in enumerate(result.attempts, 1):
         where = a.summary.get("resumed_from_step")

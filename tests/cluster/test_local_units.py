@@ -183,7 +183,10 @@ def test_format_summary_shows_loss_throughput_checkpoints_and_the_resume():
                    reclaimed=["host-1"], storage=None)
     text = format_summary(r)
     assert "2.3000 -> 0.2500" in text
-    assert "123.4" in text and "5 written" in text
+    assert "123.4" in text and "checkpoints        5 written\n" in text  # none deferred: nothing said
+    a2.summary["checkpoints_deferred"] = 2
+    late = "checkpoints        5 written, 2 deferred past their step (the previous write was still going)"
+    assert late in format_summary(r)
     assert "resumed from step 50" in text and "interrupted (resumable)" in text
     assert "host-1" in text.splitlines()[-1]
     assert r.resumed
