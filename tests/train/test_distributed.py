@@ -42,7 +42,9 @@ def latest_state(uri: str) -> ckpt.Found:
 
 
 def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_bucket, tmp_path, monkeypatch):
-    env = worker_env({**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": object_store.endpoint_url})
+    # Paced steps: each checkpoint's write ends before the next is due (one due sooner is taken late).
+    env = worker_env({**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": object_store.endpoint_url,
+                      "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.02"})
     data_uri = f"s3://{s3_bucket}/datasets/toy"
     ck_uri = f"s3://{s3_bucket}/checkpoints/job"
     for k, v in LOCAL_CREDENTIALS.items():  # for the generator and the checks in this process
@@ -56,6 +58,7 @@ def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_b
     assert r.returncode == 0, r.stdout[-4000:]
     s = parse_summary(r.stdout)
     assert s["world_size"] == 2 and s["steps"] == 80 and s["checkpoints_written"] == 4
+    assert s["checkpoints_deferred"] == 0 and s["checkpoint_deferred_steps_max"] == 0
     assert 0 < s["checkpoint_write_max_s"] < 60  # the writer process timed its writes
     assert 0 < s["checkpoint_write_cpu_s"] < 4 * 60  # and its CPU time over the 4
     assert s["final_loss"] < 0.5 * s["initial_loss"], s
