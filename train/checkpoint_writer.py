@@ -57,14 +57,13 @@ import struct
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from train.checkpoint import CheckpointStore, CheckpointWarning, serialize
+from train.checkpoint import CheckpointStore, serialize
 from train.storage import open_store
 
 NICE = 19  # the child's Linux niceness: on a node whose cores are full it takes what training leaves
@@ -73,8 +72,6 @@ _LENGTH = struct.Struct("!Q")
 NOT_READY = object()  # recv_message(block=False): no message yet
 _CLOSE_TIMEOUT_S = 60
 _CHILD_IGNORES = {signal.SIGTERM, signal.SIGINT}
-# Warn (once) when a submit waits longer than this share of the time since the previous submit.
-WAIT_WARN_FRACTION = 0.1
 # States in host memory smaller than this are copied on the calling thread (see the module's doc).
 OVERLAP_MIN_BYTES = 16 << 20
 # Fault injection for tests: seconds the copy thread waits before it copies, so a test can see that
@@ -292,8 +289,6 @@ class CheckpointWriter:
         # training time lost because checkpoints are due faster than the store takes them.
         self.waits = 0
         self.waited_s = 0.0
-        self._warned = False
-        self._submitted_at = 0.0  # when the previous submit started
         self._ready = False
         self._in_flight: int | None = None
         self._buffer: mmap.mmap | None = None
@@ -377,7 +372,7 @@ class CheckpointWriter:
         at once. The caller must not change those tensors before `copied()` returns (reading them is
         fine). Waits for the previous checkpoint first."""
         self.wait_ready()
-        self._wait_for_previous(step)
+        self._wait_for_previous()
         skeleton, tensors, nbytes = layout(state)
         self._ensure_capacity(nbytes)
         copies = [(tensor, slot) for tensor, slot in tensors if slot.numel]
@@ -439,26 +434,18 @@ class CheckpointWriter:
             os.close(self._new_buffer_fd)  # the child holds its own copy of the descriptor now
             self._new_buffer_fd = None
 
-    def _wait_for_previous(self, step: int) -> None:
-        """wait(), counting the time when the previous write is not done yet; warns once when that
-        wait is a noticeable share of the time between checkpoints."""
-        start = time.perf_counter()
-        interval, self._submitted_at = start - self._submitted_at, start
-        previous = self._in_flight
-        if previous is None:
+    def _wait_for_previous(self) -> None:
+        """wait(), counting the time when the previous write is not done yet. No warning: the trainer
+        defers a periodic checkpoint rather than wait (and says so); what still waits here is a
+        checkpoint that must be written now (the final one, the one before a spot exit)."""
+        if self._in_flight is None:
             return
+        start = time.perf_counter()
         if self._collect(block=False):  # its reply was there: the write was done
             return
         self._collect(block=True)
-        waited = time.perf_counter() - start
         self.waits += 1
-        self.waited_s += waited
-        if not self._warned and waited > WAIT_WARN_FRACTION * interval:
-            self._warned = True
-            warnings.warn(f"checkpoint step {step} waited {waited:.3f} s for checkpoint step {previous} "
-                          f"to be written to {self.uri}: checkpoints are due faster than the store takes "
-                          "them, and training waits (raise --checkpoint-every; the run's summary gives "
-                          "the total as checkpoint_wait_s)", CheckpointWarning, stacklevel=3)
+        self.waited_s += time.perf_counter() - start
 
     def wait(self) -> None:
         """Block until the checkpoint in flight is written; re-raise its error."""
