@@ -132,7 +132,7 @@ def markdown(r: dict) -> str:
             f"{cfg['batch_size']} per worker, {cfg['workers']} workers, "
             f"{h['comparison']['repeats']} repeats; "
             f"{h['window']}; the trainer checkpoints every {cfg['checkpoint_every']} steps to the local S3 "
-            f"store ({cfg['checkpoints_in_window']} checkpoints inside the window) and writes its metrics "
+            f"store ({cfg['checkpoints_in_window']} due inside the window) and writes its metrics "
             f"file; the trainer runs with its own defaults, the bare Horovod loop with the same settings "
             f"({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one torch thread per "
             "worker):",
