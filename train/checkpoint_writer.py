@@ -285,8 +285,9 @@ class CheckpointWriter:
         # The child's CPU time over all its writes: serialization, hashing and the upload's client side
         # run beside training, on the node's cores, whatever the store is.
         self.write_cpu_s = 0.0
-        # Submits that found the previous checkpoint still being written, and the time they waited:
-        # training time lost because checkpoints are due faster than the store takes them.
+        # Submits that found the previous checkpoint still being written, and the time they waited
+        # (training time lost; a caller that asks busy() first, as the trainer does for its periodic
+        # checkpoints, waits only for those that must be written then).
         self.waits = 0
         self.waited_s = 0.0
         self._ready = False
