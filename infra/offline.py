@@ -19,6 +19,7 @@ answer fails the run naming its token, so a test never passes on a silently empt
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hashlib
 import json
@@ -355,6 +356,23 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
 # --------------------------------------------------------------------------------------------
 
 
+def _retrieve_failed_futures() -> None:
+    """Mark the error of every asyncio future as retrieved, now for those done and on completion for
+    those still pending (the failed run's outputs go on failing after its error is raised)."""
+    gc.collect()
+    for obj in gc.get_objects():
+        if isinstance(obj, asyncio.Future):
+            if obj.done():
+                _retrieve(obj)
+            else:
+                obj.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 _RUN_LOCK = threading.Lock()  # the Pulumi runtime's settings are process-global
 
 
@@ -407,11 +425,12 @@ def run_program(
         except BaseException as exc:
             # What was registered before the failure (a bad config must leave this empty).
             exc.harness_resources = list(monitor.captured.values())  # type: ignore[attr-defined]
-            # Drop the failed run's pending work now, so its never-awaited futures are collected (and
-            # logged) inside the failing call rather than in some later test or at exit.
+            # Drop the failed run's pending work, and mark its failed futures' errors as seen: the
+            # error is the one raised here, and asyncio would otherwise log each future's copy of it
+            # when the future is collected (~240 tracebacks at the end of the suite's output).
             pulumi_settings.SETTINGS.rpc_manager.clear()
             pulumi_settings.SETTINGS.outputs.clear()
-            gc.collect()
+            _retrieve_failed_futures()
             raise
         resources = list(monitor.captured.values())
 
