@@ -439,12 +439,10 @@ class CheckpointWriter:
         """wait(), counting the time when the previous write is not done yet. No warning: the trainer
         defers a periodic checkpoint rather than wait (and says so); what still waits here is a
         checkpoint that must be written now (the final one, the one before a spot exit)."""
-        if self._in_flight is None:
+        if not self.busy():  # nothing in flight, or its reply was there: the write was done
             return
         start = time.perf_counter()
-        if self._collect(block=False):  # its reply was there: the write was done
-            return
-        self._collect(block=True)
+        self.wait()
         self.waits += 1
         self.waited_s += time.perf_counter() - start
 
