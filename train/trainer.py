@@ -27,6 +27,7 @@ from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_wo
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
 from train.model import build_model
+from train.resident import ResidentState
 from train.stop import STOP, StopRequest
 from train.storage import open_store
 
@@ -264,6 +265,11 @@ class Trainer:
         # and not in elastic mode, where a reset restores the state mid-step.
         self.copy_overlaps_step = not (any(True for _ in self.model.buffers()) or self.adasum_updates
                                        or cfg.horovod.elastic)
+        # Where the copy can overlap the next step on the CPU, the state lives in memory the writer
+        # process maps, and it copies the state itself (train.resident): rank 0 moves it there at its
+        # first checkpoint.
+        self.resident = (ResidentState(self.model, self.optimizer, self.checkpoint_state)
+                         if self.copy_overlaps_step and not self.on_gpu else None)
         self.amp_dtype = autocast_dtype(cfg.precision)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
                          if self.amp_dtype is not None else nullcontext)
@@ -403,19 +409,37 @@ class Trainer:
                 self.checkpoint_deferred_steps_max = max(self.checkpoint_deferred_steps_max,
                                                          progress.step - self._deferred_since)
                 self._deferred_since = None
-            state = {
-                "step": progress.step,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "sampler": {"epoch": progress.epoch, "offset": progress.offset},
-                "world_size": self.hvd.size(),
-                "loss": loss,
-            }
-            self.writer.submit(progress.step, state)
-            if not self.copy_overlaps_step:
-                self.writer.copied()
+            values = self.checkpoint_values(progress, loss)
+            if self.resident is not None:
+                self.writer.submit_resident(progress.step, values, self.resident)
+            else:
+                self.writer.submit(progress.step, self.checkpoint_state(values))
+                if not self.copy_overlaps_step:
+                    self.writer.copied()
         progress.last_checkpoint_step = progress.step
+
+    def checkpoint_values(self, progress, loss: float | None) -> dict:
+        """A checkpoint's entries but the model's and the optimizer's tensors (cheap: at every one)."""
+        return {
+            "step": progress.step,
+            "optimizer": {"param_groups": self.optimizer.state_dict()["param_groups"]},
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "sampler": {"epoch": progress.epoch, "offset": progress.offset},
+            "world_size": self.hvd.size(),
+            "loss": loss,
+        }
+
+    def checkpoint_state(self, values: dict) -> dict:
+        """The whole checkpoint: `values` with the model's and the optimizer's state dicts."""
+        return {
+            "step": values["step"],
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": values["scaler"],
+            "sampler": values["sampler"],
+            "world_size": values["world_size"],
+            "loss": values["loss"],
+        }
 
     def _defer(self, step: int) -> None:
         """Count a periodic checkpoint deferred at `step` (once, however many steps it waits); warn
@@ -511,6 +535,9 @@ class Trainer:
             "checkpoint_write_max_s": round(self.checkpoint_write_max_s, 6),
             # the writer process's CPU time over all writes (serialization, hashing, the upload's client)
             "checkpoint_write_cpu_s": round(self.checkpoint_write_cpu_s, 6),
+            # how often rank 0 moved its state into the writer's shared memory (train.resident): 0 where
+            # the training thread copies each checkpoint instead, 1 where nothing moved it since
+            "checkpoint_relocations": self.resident.relocations if self.resident is not None else 0,
             "world_size": hvd.size(),
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,

@@ -69,11 +69,16 @@ def test_sigterm_checkpoints_exits_75_and_resume_continues(tmp_path, local_datas
 def test_corrupt_newest_checkpoint_is_skipped_on_start(tmp_path, local_dataset):
     ck = tmp_path / "ck"
     base = ("--data", str(local_dataset), "--checkpoint-dir", str(ck), "--checkpoint-every", "5")
-    assert run(train_cmd(*base, "--steps", "10")).returncode == 0
+    first = run(train_cmd(*base, "--steps", "10"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    # The state moved into the writer's shared memory once, at the first checkpoint (train.resident);
+    # on resume once more: loading the optimizer's state made new tensors.
+    assert parse_summary(first.stdout)["checkpoint_relocations"] == 1
     (ck / "step-000000010" / "state.pt").write_bytes(b"not a checkpoint")
     r = run(train_cmd(*base, "--steps", "12"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert parse_summary(r.stdout)["resumed_from_step"] == 5
+    assert parse_summary(r.stdout)["checkpoint_relocations"] == 1
     assert "skipping checkpoint" in r.stderr and "step-000000010: state.pt fails its sha256 check" in r.stderr
 
 
@@ -111,10 +116,10 @@ def test_checkpoint_holds_the_whole_state_and_must_fit_the_model(tmp_path):
 
 
 def test_a_checkpoint_is_the_state_at_its_step_though_its_copy_runs_into_the_next(tmp_path):
-    """The copy of a big checkpoint (35 MB, over OVERLAP_MIN_BYTES) runs beside the next step's
-    forward and backward passes; the optimizer step waits for it. With the copy held back, a
-    periodic checkpoint at step 3 must still hold exactly the state a run that stops at step 3
-    saves (its final checkpoint, waited for before the trainer exits)."""
+    """A checkpoint's copy (on the CPU: the writer process's copy of the resident state, 35 MB here)
+    runs beside the next step's forward and backward passes; the optimizer step waits for it. With
+    the copy held back, a periodic checkpoint at step 3 must still hold exactly the state a run that
+    stops at step 3 saves (its final checkpoint, waited for before the trainer exits)."""
     common = ("--model", "mlp", "--width", "2048", "--seed", "7")
     late = run(train_cmd("--steps", "5", "--checkpoint-every", "3", "--checkpoint-dir",
                          str(tmp_path / "late"), *common), env=worker_env({FAULT_COPY_DELAY_ENV: "0.3"}))
