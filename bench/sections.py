@@ -142,8 +142,10 @@ FULL = Plan(
     # 0.4 ms (one thread, a core to spare) the longest write (35 ms) still outlasted 4/5 of it: 200.
     # Lengths: with 4 checkpoints a run (12 in all) the median's 95 % interval spanned several steps
     # at the smallest size (its per-checkpoint samples -6.6 to +4.9 ms), so no verdict could stand;
-    # 28, 18 and 10 a run cost about 4 minutes more.
-    stall_sizes=(StallSize(256, every=200, steps=5950, warmup=50),
+    # 28, 18 and 10 a run cost about 4 minutes more. At 0.7 MB, 28 a run (84 in all) left the interval
+    # 0.4 to 0.5 ms wide against a 0.7 ms step, whichever side the median fell: 58 a run narrow it
+    # ~1.4x for about a minute and a half more (the 2-worker layout's steps take 1.9 ms).
+    stall_sizes=(StallSize(256, every=200, steps=11950, warmup=50),
                  StallSize(1024, every=50, steps=950, warmup=50),
                  StallSize(2048, every=50, steps=550, warmup=50)),
     stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE), neighbour_pairs=40,
@@ -319,6 +321,8 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 # checkpoints taken late because the previous write outlasted the interval (then the
                 # write is not within 4/5 of it either: no verdict)
                 "checkpoints_deferred": [r["checkpoints_deferred"] for r in records["checkpoints"]],
+                # per run: 1 where the state lived in the writer's shared memory (train.resident)
+                "checkpoint_relocations": [r["checkpoint_relocations"] for r in records["checkpoints"]],
                 "writer_cpu_per_checkpoint_s": writer_cpu,
                 "store_cpu_per_checkpoint_s": store_cpu,
                 "store_cpu_without_checkpoints_s": [r["store_cpu_s"] for r in records["no-checkpoints"]],
