@@ -391,7 +391,8 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, progress, loss: float | None, defer_while_busy: bool = False) -> None:
-        """Rank 0 copies the state now and its writer process writes it; no collective (the random
+        """Rank 0 hands the state to its writer process, which writes it (train.checkpoint_writer; on
+        the CPU the writer copies a resident state itself, train.resident); no collective (the random
         streams need no saving, see seed_step).
 
         `defer_while_busy` (periodic checkpoints): while the previous checkpoint is still being
@@ -411,6 +412,8 @@ class Trainer:
                 self._deferred_since = None
             values = self.checkpoint_values(progress, loss)
             if self.resident is not None:
+                # The optimizer's tensors are resident; its param groups (the learning rate) go each time.
+                values["optimizer"] = {"param_groups": self.optimizer.state_dict()["param_groups"]}
                 self.writer.submit_resident(progress.step, values, self.resident)
             else:
                 self.writer.submit(progress.step, self.checkpoint_state(values))
@@ -419,10 +422,9 @@ class Trainer:
         progress.last_checkpoint_step = progress.step
 
     def checkpoint_values(self, progress, loss: float | None) -> dict:
-        """A checkpoint's entries but the model's and the optimizer's tensors (cheap: at every one)."""
+        """A checkpoint's entries but the model's and the optimizer's (cheap: at every one)."""
         return {
             "step": progress.step,
-            "optimizer": {"param_groups": self.optimizer.state_dict()["param_groups"]},
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "sampler": {"epoch": progress.epoch, "offset": progress.offset},
             "world_size": self.hvd.size(),
@@ -430,7 +432,8 @@ class Trainer:
         }
 
     def checkpoint_state(self, values: dict) -> dict:
-        """The whole checkpoint: `values` with the model's and the optimizer's state dicts."""
+        """The whole checkpoint: `values` with the model's and the optimizer's state dicts (one
+        optimizer.state_dict() call: a resident state's values carry its param groups, not needed here)."""
         return {
             "step": values["step"],
             "model": self.model.state_dict(),
