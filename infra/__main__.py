@@ -47,7 +47,8 @@ def main() -> None:
 
     data = DataLayer("data", cfg.data, stack=stack, protect=cfg.data_protection, opts=use_provider)
     network = Network("net", cfg.network, compute=cfg.compute, account_id=account_id, opts=use_provider)
-    security = SecurityGroups("sg", vpc_id=network.vpc.id, vpc_cidr=cfg.network.cidr, opts=use_provider)
+    security = SecurityGroups("sg", vpc_id=network.vpc.id, vpc_cidr=cfg.network.cidr,
+                              name_prefix=f"{project}-{stack}", opts=use_provider)
 
     pulumi.export("vpcId", network.vpc.id)
     pulumi.export("privateSubnetIds", network.private_subnet_ids)

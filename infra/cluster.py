@@ -87,15 +87,21 @@ def addon_versions(kubernetes_version: str) -> dict[str, str]:
         ) from None
 
 
+def kubeconfig_context(name: str) -> str:
+    """The one context render_kubeconfig defines for cluster `name` (and makes current)."""
+    return name
+
+
 def render_kubeconfig(name: str, endpoint: str, ca_data: str, region: str) -> str:
     """Kubeconfig (JSON, which is YAML) that authenticates with `aws eks get-token` (AWS CLI v2)."""
     user = f"{name}-aws"
+    context = kubeconfig_context(name)
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
-        "current-context": name,
+        "contexts": [{"name": context, "context": {"cluster": name, "user": user}}],
+        "current-context": context,
         "users": [{
             "name": user,
             "user": {"exec": {
@@ -187,6 +193,7 @@ class EksCluster(pulumi.ComponentResource):
         )
         self.arn = self.cluster.arn
         self.endpoint = self.cluster.endpoint
+        self.kubeconfig_context = self.cluster.name.apply(kubeconfig_context)
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(self.cluster.name, self.cluster.endpoint,
                               self.cluster.certificate_authority.data).apply(

@@ -78,6 +78,11 @@ class Platform(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=cluster.kubeconfig,
+            # With `kubernetes:strictMode` on, pulumi-kubernetes' CheckConfig refuses every provider,
+            # explicit ones too, that lacks `kubeconfig` or `context` (pulumi/pulumi-kubernetes
+            # provider/pkg/provider/provider.go, PR #2425; tests/sdk/nodejs/strict-mode): name the
+            # context the rendered kubeconfig defines (infra/cluster.py render_kubeconfig).
+            context=cluster.kubeconfig_context,
             enable_server_side_apply=True,
             # If the cluster is already gone during a destroy, drop its objects from state instead of
             # failing: the objects went with the cluster.

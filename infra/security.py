@@ -1,5 +1,11 @@
 """Security groups: cluster (control plane), node, and a dedicated EFA group.
 
+Names: `<name_prefix>-<role>-` plus the suffix AWS-side uniqueness needs (pulumi-aws `namePrefix`).
+Never the logical name: pulumi-aws would autoname `sg-cluster-1a2b3c4` from a component called `sg`,
+and EC2 refuses any group name that starts with `sg-` (CreateSecurityGroup GroupName: "Can't start
+with sg-", https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html;
+pulumi/pulumi-awsx#328). tests/infra/test_aws_rules.py checks every group of every committed stack.
+
 No rule anywhere admits traffic from 0.0.0.0/0. The EFA group allows ALL traffic from itself AND to
 itself: an egress rule to 0.0.0.0/0 does not cover EFA's SRD traffic, and without the self egress rule
 NCCL fails with "Unresponsive receiver" (FIELD_NOTES §1). Rules are separate resources
@@ -19,6 +25,7 @@ class SecurityGroups(pulumi.ComponentResource):
         *,
         vpc_id: pulumi.Input[str],
         vpc_cidr: str,
+        name_prefix: str,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("ringtrain:security:SecurityGroups", name, None, opts)
@@ -26,8 +33,8 @@ class SecurityGroups(pulumi.ComponentResource):
 
         def group(suffix: str, description: str) -> aws.ec2.SecurityGroup:
             return aws.ec2.SecurityGroup(
-                f"{name}-{suffix}", vpc_id=vpc_id, description=description,
-                tags={"Name": f"{name}-{suffix}"}, opts=child)
+                f"{name}-{suffix}", name_prefix=f"{name_prefix}-{suffix}-", vpc_id=vpc_id,
+                description=description, tags={"Name": f"{name_prefix}-{suffix}"}, opts=child)
 
         self.cluster_sg = group("cluster", "EKS control plane: API from nodes only")
         self.node_sg = group("node", "EKS nodes: node-to-node, control plane to kubelet, egress")

@@ -1,0 +1,90 @@
+"""Rules AWS and the providers enforce that Pulumi mocks do not, checked over EVERY resource the program
+registers for EVERY committed stack (Pulumi.<stack>.yaml).
+
+Mocks accept any input; the real `pulumi up` does not. Each test below states one rule, cites where
+AWS or the provider enforces it, and checks it for all resources of the type, so a resource added
+later is held to the rule too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.infra.harness import COMMITTED_STACKS, CapturedResource, ProgramResult
+
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+K8S_PROVIDER = "pulumi:providers:kubernetes"
+
+# pulumi-aws autonaming: a resource without `name` / `namePrefix` gets `<logical name>-<7 hex chars>`
+# (pulumi/pulumi-aws provider resources.go, tfbridge.AutoName); with `namePrefix` AWS-side code
+# appends a unique id (terraform-provider-aws internal/create/naming.go: 26 characters).
+AUTONAME_SUFFIX = "-1a2b3c4"
+PREFIX_SUFFIX = "20261206045500000000000001"
+
+
+def physical_name(res: CapturedResource, name_key: str = "name", prefix_key: str = "namePrefix") -> str:
+    """The name AWS will see for `res`: its fixed name, its prefix plus a unique id, or the autoname."""
+    if res.inputs.get(name_key):
+        return res.inputs[name_key]
+    if res.inputs.get(prefix_key):
+        return res.inputs[prefix_key] + PREFIX_SUFFIX
+    return res.name + AUTONAME_SUFFIX
+
+
+def _secret_value(value):
+    # A secret input reaches the mock monitor as {<secret signature>: ..., "value": ...}.
+    return value["value"] if isinstance(value, dict) and "value" in value else value
+
+
+@pytest.fixture(params=COMMITTED_STACKS)
+def stack(request, committed) -> ProgramResult:
+    return committed(request.param)
+
+
+def test_physical_name_model():
+    res = CapturedResource(type=SECURITY_GROUP, name="sg-efa", urn="u", inputs={}, outputs={}, id=None,
+                           parent="", provider="", custom=True, protect=None, retain_on_delete=None)
+    assert physical_name(res) == "sg-efa-1a2b3c4"
+    res.inputs["namePrefix"] = "ringtrain-dev-efa-"
+    assert physical_name(res).startswith("ringtrain-dev-efa-")
+    res.inputs["name"] = "fixed"
+    assert physical_name(res) == "fixed"
+
+
+# -- EC2 ----------------------------------------------------------------------------------------------
+
+
+def test_no_security_group_name_starts_with_sg_dash(stack):
+    """EC2 CreateSecurityGroup, GroupName: "Can't start with sg-" (names are case-insensitive);
+    https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSecurityGroup.html."""
+    groups = stack.of_type(SECURITY_GROUP)
+    assert groups, "every stack declares security groups (even with compute off)"
+    bad = [(g.name, physical_name(g)) for g in groups if physical_name(g).lower().startswith("sg-")]
+    assert bad == []
+    for g in groups:
+        name = physical_name(g)
+        assert len(name) <= 255, g.name
+
+
+# -- Kubernetes provider ----------------------------------------------------------------------------------
+
+
+def test_every_kubernetes_provider_names_a_context_of_its_kubeconfig_under_strict_mode(stack):
+    """pulumi-kubernetes CheckConfig: with `kubernetes:strictMode` true, every provider, explicit
+    ones too, needs `kubeconfig` AND `context` (pulumi/pulumi-kubernetes provider/pkg/provider/
+    provider.go, PR #2425; its test tests/sdk/nodejs/strict-mode/step2 expects a provider with a
+    kubeconfig but no context to fail). The context must be one the kubeconfig defines."""
+    providers = stack.of_type(K8S_PROVIDER)
+    assert providers, "committed stacks run compute and declare a Kubernetes provider"
+    strict = str(stack.config.get("kubernetes:strictMode", "false")).lower() == "true"
+    for provider in providers:
+        kubeconfig = _secret_value(provider.inputs.get("kubeconfig"))
+        context = _secret_value(provider.inputs.get("context"))
+        if strict:
+            assert kubeconfig and context, f"{provider.name}: strict mode needs kubeconfig and context"
+        if context:
+            defined = [c["name"] for c in json.loads(kubeconfig)["contexts"]]
+            assert context in defined, (provider.name, context, defined)
+
