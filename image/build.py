@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""Build the training image and push it to the stack's ECR repository.
+"""Build the two ringtrain images (image/Dockerfile targets) and push them to the stack's ECR repository.
 
     scripts/image-build                      build, then push to `pulumi stack output ecrRepositoryUrl`
     scripts/image-build --repo URL           push to this ECR repository instead
     scripts/image-build --no-push            build and tag locally only
     scripts/image-build --dry-run            print the plan (tags, commands), run nothing
 
-Tags pushed (image/VERSION holds the semver version; the pins come from image/Dockerfile's ARGs):
-    <version>                                  e.g. 0.1.0
-    <version>-cuda<X>-torch<Y>-hvd<Z>          e.g. 0.1.0-cuda12.6.3-torch2.13.0-hvd0.28.1
-    git-<revision>                             the commit the image was built from
+Targets, one version (image/VERSION, semver), one repository:
+    train       the worker image (CUDA, EFA, torch, Horovod, the trainer, sshd); tags:
+                    <version>                                  e.g. 0.1.0
+                    <version>-cuda<X>-torch<Y>-hvd<Z>          e.g. 0.1.0-cuda12.6.3-torch2.13.0-hvd0.28.1
+                    git-<revision>                             the commit the image was built from
+    launcher    the slim MPIJob launcher image (horovodrun, ssh; no CUDA), for the small system nodes;
+                tags: <version>-launcher, git-<revision>-launcher
 
 A version is immutable: if any of these tags already exists in the repository with different contents
 (its manifest/config digest differs from what was just built), nothing is pushed and the script exits 1
 — bump image/VERSION. If they exist with the same contents, nothing needs pushing. Pushing needs a
-clean working tree, so the revision tag names exactly the source that was built.
+clean working tree, so the revision tags name exactly the source that was built.
 
 Needs Docker with buildx; pushing also needs the AWS CLI (credentials for the account) and, without
 --repo, the Pulumi CLI logged in to the stack's backend. Exit codes: 0 done, 1 refused or a tool failed,
@@ -39,7 +42,6 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL_NAME = "ringtrain-train"
 PLATFORM = "linux/amd64"
 SOURCE_URL_DEFAULT = "https://github.com/ringtrain/ringtrain"
 
@@ -96,8 +98,27 @@ class Pins:
         return cls(cuda=args["CUDA_VERSION"], torch=args["TORCH_VERSION"], horovod=args["HOROVOD_VERSION"])
 
 
-def compute_tags(version: str, pins: Pins, revision: str) -> list[str]:
-    tags = [version, f"{version}-cuda{pins.cuda}-torch{pins.torch}-hvd{pins.horovod}", f"git-{revision}"]
+@dataclass(frozen=True)
+class Target:
+    """One target of image/Dockerfile: its stage name, local image name and tag suffix in the repository."""
+
+    stage: str
+    local_name: str
+    tag_suffix: str
+
+
+# The MPIJob's launcher names `<repository>:<version>` + LAUNCHER_TAG_SUFFIX (a test keeps cluster/ equal).
+LAUNCHER_TAG_SUFFIX = "-launcher"
+TRAIN = Target("train", "ringtrain-train", "")
+LAUNCHER = Target("launcher", "ringtrain-launcher", LAUNCHER_TAG_SUFFIX)
+TARGETS = (TRAIN, LAUNCHER)
+
+
+def compute_tags(version: str, pins: Pins, revision: str, target: Target = TRAIN) -> list[str]:
+    if target.tag_suffix:
+        tags = [f"{version}{target.tag_suffix}", f"git-{revision}{target.tag_suffix}"]
+    else:
+        tags = [version, f"{version}-cuda{pins.cuda}-torch{pins.torch}-hvd{pins.horovod}", f"git-{revision}"]
     for tag in tags:
         if not DOCKER_TAG.fullmatch(tag):
             raise BuildError(f"computed tag {tag!r} is not a valid image tag")
@@ -219,11 +240,12 @@ def ecr_lookup(repo: EcrRepo, tag: str, root: Path) -> set[str] | None:
 # The flow
 
 
-def build_command(root: Path, local_ref: str, version: str, revision: str, created: str, source: str,
-                  platform: str) -> list[str]:
+def build_command(root: Path, target: Target, local_ref: str, version: str, revision: str, created: str,
+                  source: str, platform: str) -> list[str]:
     return [
         "docker", "buildx", "build",
         "--file", str(root / "image" / "Dockerfile"),
+        "--target", target.stage,
         "--platform", platform,
         "--load",
         "--tag", local_ref,
@@ -254,32 +276,41 @@ def run(argv: Sequence[str]) -> int:
     version = parse_version((root / "image" / "VERSION").read_text())
     pins = Pins.from_dockerfile((root / "image" / "Dockerfile").read_text())
     revision, short, created, clean = git_state(root)
-    tags = compute_tags(version, pins, short)
-    local_ref = f"{LOCAL_NAME}:{version}"
+    tags = {t: compute_tags(version, pins, short, t) for t in TARGETS}
+    local_refs = {t: f"{t.local_name}:{version}" for t in TARGETS}
     push = not args.no_push
     if push and not clean:
         raise BuildError("the working tree has uncommitted changes; commit them before pushing, so that "
                          f"the tag git-{short} names the source that was built (or use --no-push)")
     repo = parse_ecr_url(args.repo if args.repo else stack_repo_url(root, args.stack)) if push else None
 
-    build = build_command(root, local_ref, version, revision, created, args.source_url, args.platform)
-    print(f"image-build: version {version}, tags: {', '.join(tags)}")
+    builds = {t: build_command(root, t, local_refs[t], version, revision, created, args.source_url,
+                               args.platform) for t in TARGETS}
+    print(f"image-build: version {version}")
+    for t in TARGETS:
+        print(f"image-build: {t.stage} tags: {', '.join(tags[t])}")
     if repo:
         print(f"image-build: repository {repo.url} (region {repo.region})")
     if args.dry_run:
-        print("image-build: dry run; would run:\n  " + " ".join(build))
+        print("image-build: dry run; would run:\n" + "\n".join("  " + " ".join(builds[t]) for t in TARGETS))
         return EXIT_OK
 
     if not shutil.which("docker"):
         raise BuildError("docker is not installed (not on PATH); build on a machine with Docker and buildx")
-    _checked(build, cwd=root, what="docker buildx build", timeout=None, capture=False)
-    local_digest = _checked(["docker", "image", "inspect", "--format", "{{.Id}}", local_ref], cwd=root,
-                            what="docker image inspect")
-    print(f"image-build: built {local_ref} ({local_digest})")
+    digests = {}
+    for t in TARGETS:
+        _checked(builds[t], cwd=root, what=f"docker buildx build --target {t.stage}", timeout=None,
+                 capture=False)
+        digests[t] = _checked(["docker", "image", "inspect", "--format", "{{.Id}}", local_refs[t]], cwd=root,
+                              what="docker image inspect")
+        print(f"image-build: built {local_refs[t]} ({digests[t]})")
     if repo is None:
-        for tag in tags[1:]:
-            _checked(["docker", "tag", local_ref, f"{LOCAL_NAME}:{tag}"], cwd=root, what="docker tag")
-        refs = ", ".join(f"{LOCAL_NAME}:{t}" for t in tags)
+        for t in TARGETS:
+            for tag in tags[t]:
+                if f"{t.local_name}:{tag}" != local_refs[t]:
+                    _checked(["docker", "tag", local_refs[t], f"{t.local_name}:{tag}"], cwd=root,
+                             what="docker tag")
+        refs = ", ".join(f"{t.local_name}:{tag}" for t in TARGETS for tag in tags[t])
         print(f"image-build: tagged locally as {refs}; nothing pushed")
         return EXIT_OK
 
@@ -290,20 +321,25 @@ def run(argv: Sequence[str]) -> int:
     _checked(["docker", "login", "--username", "AWS", "--password-stdin", repo.registry], cwd=root,
              what="docker login", input_text=password + "\n", timeout=120)
 
-    plan = plan_push(local_digest, {tag: ecr_lookup(repo, tag, root) for tag in tags})
-    if plan.action == "refuse":
+    # Every tag of both targets is checked before anything is pushed: a refused version pushes neither.
+    plans = {t: plan_push(digests[t], {tag: ecr_lookup(repo, tag, root) for tag in tags[t]}) for t in TARGETS}
+    conflicts = [tag for t in TARGETS for tag in plans[t].conflicts]
+    if conflicts:
         raise BuildError(
-            f"{repo.url} already has {', '.join(plan.conflicts)} with different contents; a version is never "
+            f"{repo.url} already has {', '.join(conflicts)} with different contents; a version is never "
             f"overwritten. Bump image/VERSION (now {version}) and build again.", EXIT_REFUSED)
-    if plan.action == "up-to-date":
-        print(f"image-build: {repo.url} already holds this exact image under all tags; nothing to push")
-    for tag in plan.to_push:
-        remote_ref = f"{repo.url}:{tag}"
-        _checked(["docker", "tag", local_ref, remote_ref], cwd=root, what="docker tag")
-        _checked(["docker", "push", remote_ref], cwd=root, what=f"docker push {remote_ref}", timeout=None,
-                 capture=False)
-        print(f"image-build: pushed {remote_ref}")
-    print(f"image-build: image for jobs: {repo.url}:{version}")
+    for t in TARGETS:
+        if plans[t].action == "up-to-date":
+            print(f"image-build: {repo.url} already holds this exact {t.stage} image under all its tags; "
+                  "nothing to push")
+        for tag in plans[t].to_push:
+            remote_ref = f"{repo.url}:{tag}"
+            _checked(["docker", "tag", local_refs[t], remote_ref], cwd=root, what="docker tag")
+            _checked(["docker", "push", remote_ref], cwd=root, what=f"docker push {remote_ref}", timeout=None,
+                     capture=False)
+            print(f"image-build: pushed {remote_ref}")
+    print(f"image-build: image for jobs: {repo.url}:{tags[TRAIN][0]} "
+          f"(launcher {repo.url}:{tags[LAUNCHER][0]})")
     return EXIT_OK
 
 

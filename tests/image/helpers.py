@@ -70,3 +70,17 @@ def dockerfile_env(text: str, stage: str) -> dict[str, str]:
             for key, value in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", args):
                 env[key] = value
     return env
+
+
+def dockerfile_stages(text: str) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """stage name -> (FROM image, the stage's instructions after FROM), in file order."""
+    stages: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for instr, args in dockerfile_instructions(text):
+        if instr == "FROM":
+            m = re.fullmatch(r"(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", args, re.IGNORECASE)
+            current = []
+            stages[m.group(2) or f"stage{len(stages)}"] = (m.group(1), current)
+        elif current is not None:
+            current.append((instr, args))
+    return stages

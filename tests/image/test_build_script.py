@@ -30,6 +30,8 @@ def test_tags_from_version_and_dockerfile_pins():
     assert pins == build.Pins(cuda="12.6.3", torch="2.13.0", horovod="0.28.1")
     assert build.compute_tags("0.1.0", pins, "0123456789ab") == [
         "0.1.0", "0.1.0-cuda12.6.3-torch2.13.0-hvd0.28.1", "git-0123456789ab"]
+    assert build.compute_tags("0.1.0", pins, "0123456789ab", build.LAUNCHER) == [
+        "0.1.0-launcher", "git-0123456789ab-launcher"]
 
 
 def test_version_must_be_semver():
@@ -155,21 +157,42 @@ def tags_for(scratch) -> list[str]:
     return [version, f"{version}-cuda12.6.3-torch2.13.0-hvd0.28.1", f"git-{scratch['rev'][:12]}"]
 
 
-def test_new_version_is_built_and_pushed_under_three_tags(scratch):
+def launcher_tags_for(scratch) -> list[str]:
+    version = (IMAGE_DIR / "VERSION").read_text().strip()
+    return [f"{version}-launcher", f"git-{scratch['rev'][:12]}-launcher"]
+
+
+def test_new_version_is_built_and_pushed_under_three_tags_and_its_launcher_under_two(scratch):
     res, calls = run_build(scratch, "--repo", REPO_URL)
     assert res.returncode == 0, res.stderr
-    build_call = next(c for c in calls if c[1:3] == ["buildx", "build"])
-    assert f"VCS_REF={scratch['rev']}" in build_call and "--platform" in build_call
-    assert build_call[-1] == str(scratch["repo"].resolve())
+    build_calls = [c for c in calls if c[1:3] == ["buildx", "build"]]
+    targets = [c[c.index("--target") + 1] for c in build_calls]
+    assert targets == ["train", "launcher"], "both targets, from the same script and version"
+    for build_call in build_calls:
+        assert f"VCS_REF={scratch['rev']}" in build_call and "--platform" in build_call
+        assert build_call[-1] == str(scratch["repo"].resolve())
     assert ["docker", "login", "--username", "AWS", "--password-stdin",
             "123456789012.dkr.ecr.us-east-1.amazonaws.com"] in calls
     pushed = [c[2] for c in calls if c[:2] == ["docker", "push"]]
-    assert pushed == [f"{REPO_URL}:{t}" for t in tags_for(scratch)]
+    assert pushed == [f"{REPO_URL}:{t}" for t in tags_for(scratch) + launcher_tags_for(scratch)]
+    tagged = {c[3]: c[2] for c in calls if c[:2] == ["docker", "tag"]}  # remote ref -> local ref
+    assert tagged[f"{REPO_URL}:{launcher_tags_for(scratch)[0]}"].startswith("ringtrain-launcher:")
+    assert tagged[f"{REPO_URL}:{tags_for(scratch)[0]}"].startswith("ringtrain-train:")
     assert f"image for jobs: {REPO_URL}:{tags_for(scratch)[0]}" in res.stdout
+    assert f"launcher {REPO_URL}:{launcher_tags_for(scratch)[0]}" in res.stdout
+
+
+def test_a_launcher_tag_with_different_contents_refuses_both_pushes(scratch):
+    held = {launcher_tags_for(scratch)[0]: _ecr_answer(OTHER_DIGEST, "sha256:" + "d" * 64)}
+    res, calls = run_build(scratch, "--repo", REPO_URL, FAKE_ECR=json.dumps(held))
+    assert res.returncode == 1
+    assert f"already has {launcher_tags_for(scratch)[0]} with different contents" in res.stderr
+    assert not any(c[:2] in (["docker", "push"], ["docker", "tag"]) for c in calls)
 
 
 def test_same_contents_already_pushed_is_not_pushed_again(scratch):
-    held = {t: _ecr_answer("sha256:" + "c" * 64, LOCAL_DIGEST) for t in tags_for(scratch)}
+    held = {t: _ecr_answer("sha256:" + "c" * 64, LOCAL_DIGEST)
+            for t in tags_for(scratch) + launcher_tags_for(scratch)}
     res, calls = run_build(scratch, "--repo", REPO_URL, FAKE_ECR=json.dumps(held))
     assert res.returncode == 0, res.stderr
     assert "nothing to push" in res.stdout
@@ -206,7 +229,8 @@ def test_uncommitted_changes_block_a_push_but_not_a_local_build(scratch):
     assert res.returncode == 0, res.stderr
     assert not any(c[0] == "aws" or c[:2] == ["docker", "push"] for c in calls)
     local_tags = [c[3] for c in calls if c[:2] == ["docker", "tag"]]
-    assert local_tags == [f"ringtrain-train:{t}" for t in tags_for(scratch)[1:]]
+    assert local_tags == ([f"ringtrain-train:{t}" for t in tags_for(scratch)[1:]]
+                          + [f"ringtrain-launcher:{t}" for t in launcher_tags_for(scratch)])
 
 
 def test_bad_version_file_and_bad_repo_are_input_errors(scratch):
@@ -221,7 +245,7 @@ def test_bad_version_file_and_bad_repo_are_input_errors(scratch):
 
 def test_a_failed_docker_build_stops_everything(scratch):
     res, calls = run_build(scratch, "--repo", REPO_URL, FAKE_BUILD_RC="1")
-    assert res.returncode == 1 and "docker buildx build failed (exit 1)" in res.stderr
+    assert res.returncode == 1 and "docker buildx build --target train failed (exit 1)" in res.stderr
     assert not any(c[0] == "aws" or c[:2] == ["docker", "push"] for c in calls)
 
 
@@ -229,6 +253,8 @@ def test_dry_run_runs_nothing(scratch):
     res, calls = run_build(scratch, "--repo", REPO_URL, "--dry-run")
     assert res.returncode == 0 and calls == []
     assert "would run:" in res.stdout and "docker buildx build" in res.stdout
+    assert "--target train" in res.stdout and "--target launcher" in res.stdout
+    assert "launcher tags: " + ", ".join(launcher_tags_for(scratch)) in res.stdout
 
 
 def test_wrapper_script_runs_the_same_program():

@@ -3,6 +3,8 @@ recipe, the build context, and the NCCL/EFA environment defaults against the fie
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
 import re
 import shutil
@@ -12,6 +14,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.image.helpers import (
     DOCKERFILE,
@@ -20,6 +24,7 @@ from tests.image.helpers import (
     REPO_ROOT,
     dockerfile_env,
     dockerfile_instructions,
+    dockerfile_stages,
     load_image_module,
 )
 
@@ -110,12 +115,6 @@ def pin_mismatches(dockerfile: str, pyproject: str, setup: str, build_horovod: s
     if not index.rstrip("/").endswith("/" + wanted_index):
         problems.append(f"torch index {index} is not the {wanted_index} build for CUDA {cuda}")
 
-    # Horovod's runtime needs installed from the lock must be in the lock.
-    locked = {line.split("==")[0].lower() for line in lock.splitlines() if "==" in line}
-    m = re.search(r"grep -iE '\^\(([^)]+)\)=='", dockerfile)
-    for name in (m.group(1).split("|") if m else ["<no horovod deps line>"]):
-        if name.lower() not in locked:
-            problems.append(f"{name}: the Dockerfile installs it from requirements.lock, which lacks it")
     return problems
 
 
@@ -138,11 +137,13 @@ def test_dockerfile_pins_agree_with_pyproject_lock_and_setup():
     [
         ("ARG TORCH_VERSION=2.13.0", "ARG TORCH_VERSION=2.12.0", "torch"),
         ("ARG HOROVOD_VERSION=0.28.1", "ARG HOROVOD_VERSION=0.28.0", "horovod"),
-        ("3.11\nARG IMAGE_VERSION", "3.12\nARG IMAGE_VERSION", "PYTHON_VERSION"),  # runtime stage only
+        # The train stage only (its ARG is followed by its own SHELL line and comment).
+        ("ARG PYTHON_VERSION=3.11\nSHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]\nENV DEBIAN_FRONTEND="
+         "noninteractive\n\n# Python (the venv", "ARG PYTHON_VERSION=3.12\nSHELL [\"/bin/bash\", \"-o\", "
+         "\"pipefail\", \"-c\"]\nENV DEBIAN_FRONTEND=noninteractive\n\n# Python (the venv", "PYTHON_VERSION"),
         ("ARG PYTHON_VERSION=3.11", "ARG PYTHON_VERSION=3.12", "python"),
         ('"pip==25.3"', '"pip==24.0"', "pip"),
         ("whl/cu126", "whl/cu128", "torch index"),
-        ("(cloudpickle|psutil|pyyaml|packaging)", "(cloudpickle|psutil|nosuchpkg)", "nosuchpkg"),
     ],
 )
 def test_pin_check_fails_when_the_dockerfile_disagrees(old, new, complaint):
@@ -180,22 +181,273 @@ def test_field_note_pins_for_the_efa_stack():
     assert text.count("efa_installer.sh -y -g") == 2, "build and runtime stages both run the installer"
 
 
-def test_stages_use_the_cuda_devel_and_runtime_bases():
-    froms = [args for instr, args in dockerfile_instructions(DOCKERFILE.read_text()) if instr == "FROM"]
-    base = "nvcr.io/nvidia/cuda:${CUDA_VERSION}-%s-ubuntu${UBUNTU_VERSION} AS %s"
-    assert base % ("devel", "build") in froms, froms
-    assert froms[-1] == base % ("runtime", "runtime"), "the final stage is the CUDA runtime base"
+# The targets image/build.py builds, and the stages their files come from.
+TARGET_STAGES = ("train", "launcher")
+CUDA_BASE = "nvcr.io/nvidia/cuda:${CUDA_VERSION}-%s-ubuntu${UBUNTU_VERSION}"
+
+
+def stages() -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    return dockerfile_stages(DOCKERFILE.read_text())
+
+
+def test_build_targets_are_the_dockerfile_stages():
+    assert [t.stage for t in build.TARGETS] == list(TARGET_STAGES)
+    assert set(TARGET_STAGES) <= set(stages())
+    assert list(stages())[-1] == "train", "a plain `docker build` (no --target) gives the worker image"
+
+
+def test_train_runs_on_the_cuda_base_flavour_and_builds_on_devel():
+    """torch's cu126 wheels bring cuBLAS, cuDNN, NCCL, ... (nvidia-*-cu12): the runtime flavour would carry
+    a second copy of each (and an apt NCCL). The base flavour has the CUDA runtime and compat only."""
+    all_stages = stages()
+    assert all_stages["build"][0] == CUDA_BASE % "devel", "nvcc builds Horovod's CUDA kernels"
+    assert all_stages["train"][0] == CUDA_BASE % "base"
+
+
+def test_the_launcher_is_slim():
+    """The launcher runs on the small system nodes: no CUDA base anywhere in its lineage, no sshd, CPU torch
+    and the cpu (Gloo) variant of the one Horovod recipe."""
+    all_stages = stages()
+    base, instructions = all_stages["launcher"]
+    assert not base.startswith("nvcr.io/nvidia/cuda"), base
+    froms = {m.group(1) for instr, args in instructions if instr == "COPY"
+             for m in [re.search(r"--from=(\S+)", args)] if m}
+    assert froms == {"launcher-build"}, froms
+    build_base, build_instructions = all_stages["launcher-build"]
+    assert not build_base.startswith("nvcr.io/nvidia/cuda"), build_base
+    runs = " ".join(args for instr, args in instructions + build_instructions if instr == "RUN")
+    assert "openssh-server" not in runs and "efa_installer" not in runs
+    assert re.search(r"\bHOROVOD_VARIANT=cpu\b", runs)
+    assert "TORCH_CPU_INDEX_URL" in runs
+    args = build.dockerfile_args(DOCKERFILE.read_text())
+    assert args["TORCH_CPU_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+# The arguments that change with every commit or build (image/build.py passes them).
+PER_BUILD_ARGS = ("IMAGE_VERSION", "VCS_REF", "BUILD_DATE", "SOURCE_URL")
+
+
+def per_build_arg_violations(text: str) -> list[str]:
+    """A changed ARG invalidates the cache of every RUN after its declaration in the stage (Dockerfile
+    reference, "Impact on build caching"): the per-build ARGs must come after everything but the LABEL."""
+    problems = []
+    for stage, (_, instructions) in dockerfile_stages(text).items():
+        declared = [i for i, (instr, args) in enumerate(instructions)
+                    if instr == "ARG" and args.split("=", 1)[0] in PER_BUILD_ARGS]
+        if not declared:
+            continue
+        after = [instr for instr, _ in instructions[declared[0]:] if instr not in ("ARG", "LABEL")]
+        if after:
+            problems.append(f"{stage}: {', '.join(after)} after ARG {instructions[declared[0]][1]}")
+    return problems
+
+
+def test_per_build_args_come_just_before_the_label():
+    assert per_build_arg_violations(DOCKERFILE.read_text()) == []
+
+
+def test_the_per_build_arg_rule_catches_an_early_declaration():
+    text = DOCKERFILE.read_text().replace(
+        "ARG EFA_INSTALLER_VERSION=1.47.0\nARG PYTHON_VERSION=3.11\nSHELL",
+        "ARG EFA_INSTALLER_VERSION=1.47.0\nARG PYTHON_VERSION=3.11\nARG VCS_REF=unknown\nSHELL")
+    assert text != DOCKERFILE.read_text(), "test premise: the train stage's ARGs are where expected"
+    assert any(p.startswith("train: ") and "RUN" in p for p in per_build_arg_violations(text))
 
 
 def test_oci_labels_come_from_build_args_the_build_script_passes():
+    for target in build.TARGETS:
+        cmd = build.build_command(REPO_ROOT, target, "x:1", "1.0.0", "abc", "2026-01-01T00:00:00Z", "https://s",
+                                  "l/a")
+        assert cmd[cmd.index("--target") + 1] == target.stage
+        passed = {cmd[i + 1].split("=", 1)[0] for i, word in enumerate(cmd) if word == "--build-arg"}
+        instructions = stages()[target.stage][1]
+        declared = {args.split("=", 1)[0] for instr, args in instructions if instr == "ARG"}
+        labels = " ".join(args for instr, args in instructions if instr == "LABEL")
+        assert f'org.opencontainers.image.title="{target.local_name}"' in labels
+        for label, arg in [("version", "IMAGE_VERSION"), ("revision", "VCS_REF"), ("created", "BUILD_DATE"),
+                           ("source", "SOURCE_URL")]:
+            assert f'org.opencontainers.image.{label}="${{{arg}}}"' in labels
+            assert arg in passed and arg in declared
+
+
+# --------------------------------------------------------------------------------------------------
+# Layer order and what the image carries
+
+
+def horovod_build_order_violations(text: str) -> list[str]:
+    """Horovod (minutes to compile) must not rebuild when the project changes: in every stage that builds
+    it, only its recipe and its pinned runtime needs are copied before that step."""
+    allowed = {"scripts/build-horovod", "image/requirements-horovod.txt"}
+    problems = []
+    for stage, (_, instructions) in dockerfile_stages(text).items():
+        step = next((i for i, (instr, args) in enumerate(instructions)
+                     if instr == "RUN" and "scripts/build-horovod" in args), None)
+        if step is None:
+            continue
+        for instr, args in instructions[:step]:
+            if instr == "COPY" and "--from=" not in args:
+                extra = set(args.split()[:-1]) - allowed
+                if extra:
+                    problems.append(f"{stage}: {', '.join(sorted(extra))} copied before Horovod is built")
+    return problems
+
+
+def test_horovod_is_built_before_project_files_are_copied():
+    assert horovod_build_order_violations(DOCKERFILE.read_text()) == []
+
+
+def test_the_horovod_order_rule_catches_an_early_copy():
+    text = DOCKERFILE.read_text().replace(
+        "COPY scripts/build-horovod /src/scripts/build-horovod\nRUN nccl_home",
+        "COPY README.md /src/\nCOPY scripts/build-horovod /src/scripts/build-horovod\nRUN nccl_home")
+    assert text != DOCKERFILE.read_text(), "test premise"
+    assert horovod_build_order_violations(text) == ["build: README.md copied before Horovod is built"]
+
+
+def test_the_trainer_is_installed_last_and_without_dependencies():
+    _, instructions = stages()["build"]
+    copies = [i for i, (instr, args) in enumerate(instructions)
+              if instr == "COPY" and "--from=" not in args]
+    app = [i for i in copies
+           if any(src.startswith(("train", "cluster")) for src in instructions[i][1].split()[:-1])]
+    pip_installs = [i for i, (instr, args) in enumerate(instructions)
+                    if instr == "RUN" and "pip install" in args]
+    assert app and pip_installs
+    last_install = instructions[pip_installs[-1]][1]
+    assert pip_installs[-1] > max(app) and min(app) > max(pip_installs[:-1]), \
+        "every dependency install comes before the trainer's files"
+    assert "--no-deps" in last_install and "/src" in last_install
+    runs = " ".join(args for instr, args in instructions if instr == "RUN")
+    assert "requirements.lock" not in runs, "the image installs its own requirement files, not the dev lock"
+    # Only what train/ imports of cluster/ (tests below check the trainer imports nothing else of it).
+    cluster_sources = {src for i in app for src in instructions[i][1].split()[:-1]
+                       if src.startswith("cluster")}
+    assert cluster_sources == {"cluster/__init__.py", "cluster/job.py"}, cluster_sources
+
+
+def _requirements(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _lock() -> dict[str, str]:
+    return _requirements(REPO_ROOT / "requirements.lock")
+
+
+HOROVOD_REQUIREMENTS = IMAGE_DIR / "requirements-horovod.txt"
+TRAIN_REQUIREMENTS = IMAGE_DIR / "requirements-train.txt"
+# What train/ uses (tests below read its imports): numpy, boto3 (+botocore), tqdm, and tensorboard behind
+# torch.utils.tensorboard (--tensorboard-dir). Horovod's runtime needs are scripts/build-horovod's.
+TRAINER_DIRECT = ("numpy", "boto3", "tqdm", "tensorboard")
+HOROVOD_DIRECT = ("cloudpickle", "psutil", "pyyaml", "packaging")
+CLUSTER_TOOLING = ("pulumi", "pulumi-aws", "pulumi-kubernetes", "pulumi-policy", "pydantic", "jsonschema",
+                   "moto", "kubernetes-validate")
+
+
+def dependency_closure(direct: tuple[str, ...], stop: set[str] = frozenset()) -> set[str]:
+    """The installed distributions `direct` pull in (Requires-Dist without extras, markers for this
+    interpreter), from this environment's metadata, which scripts/setup installs from requirements.lock."""
+    seen: set[str] = set()
+    todo = [canonicalize_name(n) for n in direct]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in stop:
+            continue
+        seen.add(name)
+        for text in importlib.metadata.distribution(name).requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def test_image_requirements_are_the_lock_pins():
+    lock = _lock()
+    for path in (HOROVOD_REQUIREMENTS, TRAIN_REQUIREMENTS):
+        pins = _requirements(path)
+        assert pins and {n: lock.get(n) for n in pins} == pins, \
+            f"{path.name} disagrees with requirements.lock"
+
+
+def test_image_requirements_are_what_the_trainer_and_horovod_need_and_nothing_else():
+    torch_deps = dependency_closure(("torch",))  # installed with torch from its own index
+    horovod = dependency_closure(HOROVOD_DIRECT)
+    assert set(_requirements(HOROVOD_REQUIREMENTS)) == horovod
+    trainer = dependency_closure(TRAINER_DIRECT, stop=torch_deps | horovod)
+    assert set(_requirements(TRAIN_REQUIREMENTS)) == trainer
+    carried = set(_requirements(HOROVOD_REQUIREMENTS)) | set(_requirements(TRAIN_REQUIREMENTS))
+    assert carried.isdisjoint(canonicalize_name(n) for n in CLUSTER_TOOLING), carried
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_trainer_imports_only_what_the_image_carries():
+    """Every module train/ imports (and cluster/job.py, the one module of cluster/ it uses) comes from the
+    standard library, the copied sources, torch, Horovod or the image's requirement files."""
+    sources = sorted((REPO_ROOT / "train").rglob("*.py")) + [REPO_ROOT / "cluster" / "job.py"]
+    modules = set().union(*(_imports(p) for p in sources))
+    first_party = {m for m in modules if m.split(".")[0] in ("train", "cluster")}
+    assert {m for m in first_party if m.split(".")[0] == "cluster"} <= {"cluster", "cluster.job"}, first_party
+    providers = importlib.metadata.packages_distributions()
+    carried = ({"torch", "horovod", "tensorboard"} | set(_requirements(HOROVOD_REQUIREMENTS))
+               | set(_requirements(TRAIN_REQUIREMENTS)))
+    missing = {}
+    for module in modules - first_party:
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names:
+            continue
+        dists = {canonicalize_name(d) for d in providers.get(top, [])}
+        if not dists & carried:
+            missing[module] = sorted(dists)
+    assert missing == {}, f"imported by the trainer but not in the image: {missing}"
+    assert "boto3" in {m.split(".")[0] for m in modules}, "test premise: the scan sees train/storage.py"
+
+
+def test_one_nccl_torchs():
+    """NCCL is not built here: Horovod links the nvidia-nccl-cu12 wheel torch depends on (shared), and the
+    image checks nothing else named libnccl exists."""
     text = DOCKERFILE.read_text()
-    cmd = build.build_command(REPO_ROOT, "x:1", "1.0.0", "abc", "2026-01-01T00:00:00Z", "https://s", "l/a")
-    passed = {cmd[i + 1].split("=", 1)[0] for i, word in enumerate(cmd) if word == "--build-arg"}
-    runtime_args = re.findall(r"^ARG (\w+)", text.rsplit(" AS runtime", 1)[1], re.MULTILINE)
-    for label, arg in [("version", "IMAGE_VERSION"), ("revision", "VCS_REF"), ("created", "BUILD_DATE"),
-                       ("source", "SOURCE_URL")]:
-        assert f'org.opencontainers.image.{label}="${{{arg}}}"' in text
-        assert arg in passed and arg in runtime_args
+    runs = [args for instr, args in dockerfile_instructions(text) if instr == "RUN"]
+    assert not any("NVIDIA/nccl" in r or "nccl.git" in r for r in runs), "no NCCL build from source"
+    horovod = next(r for r in runs if "HOROVOD_VARIANT=cuda" in r)
+    assert 'locate_file("nvidia/nccl")' in horovod
+    assert re.search(r'HOROVOD_NCCL_INCLUDE="\$\{nccl_home\}/include"', horovod)
+    assert "HOROVOD_NCCL_LINK=SHARED" in horovod and "HOROVOD_NCCL_HOME" not in horovod
+    assert "/proc/self/maps" in horovod, "the build checks one libnccl is loaded after horovod.torch"
+    assert any("-name 'libnccl.so*' -not -path '/opt/venv/*'" in r for r in runs)
+
+
+LIBRARY_DIRS_TORCH_BRINGS = ("/usr/local/cuda", "/opt/nccl", "/usr/lib/x86_64-linux-gnu")
+
+
+def test_ld_library_path_cannot_shadow_torchs_libraries():
+    """LD_LIBRARY_PATH is searched before the RUNPATH torch finds its CUDA libraries and NCCL through."""
+    for stage in TARGET_STAGES:
+        entries = dockerfile_env(DOCKERFILE.read_text(), stage)["LD_LIBRARY_PATH"].split(":")
+        bad = [e for e in entries if e.startswith(LIBRARY_DIRS_TORCH_BRINGS) or "$" in e]
+        assert bad == [], f"{stage}: {bad}"
+
+
+def test_no_sshd_host_key_is_made_at_build_time():
+    """Host keys in the image would be the same in every pod; entrypoint.py sshd makes them per pod."""
+    runs = [args for instr, args in dockerfile_instructions(DOCKERFILE.read_text()) if instr == "RUN"]
+    assert not any("ssh-keygen" in r for r in runs)
+    for run in runs:
+        if "openssh-server" in run:  # its package scripts generate host keys on install
+            assert run.rstrip().endswith("rm -f /etc/ssh/ssh_host_*"), run
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,13 +455,18 @@ def test_oci_labels_come_from_build_args_the_build_script_passes():
 
 
 def test_dockerfile_builds_horovod_with_the_script_scripts_setup_runs():
-    instructions = dockerfile_instructions(DOCKERFILE.read_text())
-    copies = [args.split() for instr, args in instructions if instr == "COPY" and "build-horovod" in args]
-    assert copies == [["scripts/build-horovod", "/src/scripts/build-horovod"]], copies
-    runs = [args for instr, args in instructions if instr == "RUN" and "/src/scripts/build-horovod" in args]
-    assert len(runs) == 1
-    assert re.search(r"\bHOROVOD_VARIANT=cuda\b", runs[0])
-    assert re.search(r"\bPYTHON=/opt/venv/bin/python\b", runs[0])
+    variants = {"build": "cuda", "launcher-build": "cpu"}  # the worker's venv, the launcher's venv
+    for stage, (_, instructions) in stages().items():
+        copies = [args.split() for instr, args in instructions if instr == "COPY" and "build-horovod" in args]
+        runs = [args for instr, args in instructions
+                if instr == "RUN" and "/src/scripts/build-horovod" in args]
+        if stage not in variants:
+            assert copies == runs == [], stage
+            continue
+        assert copies == [["scripts/build-horovod", "/src/scripts/build-horovod"]], copies
+        assert len(runs) == 1
+        assert re.search(rf"\bHOROVOD_VARIANT={variants[stage]}\b", runs[0])
+        assert re.search(r"\bPYTHON=/opt/venv/bin/python\b", runs[0])
 
     setup = SETUP.read_text()
     # The line of scripts/setup that builds and installs Horovod (not a comment, the fingerprint's
@@ -261,12 +518,15 @@ def _copy_sources() -> list[str]:
 
 def test_every_copy_source_is_in_the_build_context():
     sources = _copy_sources()
-    needed = {"scripts/build-horovod", "train", "cluster", "image/entrypoint.py", "image/nccl-efa.env"}
+    needed = {"scripts/build-horovod", "train", "cluster/__init__.py", "cluster/job.py",
+              "image/entrypoint.py", "image/nccl-efa.env", "image/requirements-horovod.txt",
+              "image/requirements-train.txt"}
     assert needed <= set(sources)
     assert [s for s in sources if not in_build_context(s)] == []
     assert in_build_context("train/__main__.py")
     for outside in (".venv/bin/python", "tests/image/test_dockerfile.py", "infra/cluster.py",
-                    "train/__pycache__/x.cpython-311.pyc", ".git/HEAD"):
+                    "train/__pycache__/x.cpython-311.pyc", ".git/HEAD", "cluster/aws/mpijob.py",
+                    "requirements.lock"):
         assert not in_build_context(outside), outside
 
 
@@ -286,12 +546,23 @@ def env_defaults() -> dict[str, str]:
 
 
 def test_dockerfile_sets_exactly_the_documented_env_defaults():
-    runtime_env = dockerfile_env(DOCKERFILE.read_text(), "runtime")
-    defaults = env_defaults()
-    assert {k: runtime_env.get(k) for k in defaults} == defaults
-    paths = {"VIRTUAL_ENV", "PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "DEBIAN_FRONTEND"}
-    undocumented = set(runtime_env) - set(defaults) - paths
-    assert undocumented == set(), "NCCL/EFA settings in the Dockerfile that the env file does not document"
+    for stage in TARGET_STAGES:
+        stage_env = dockerfile_env(DOCKERFILE.read_text(), stage)
+        defaults = env_defaults()
+        assert {k: stage_env.get(k) for k in defaults} == defaults, stage
+        paths = {"VIRTUAL_ENV", "PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "DEBIAN_FRONTEND"}
+        undocumented = set(stage_env) - set(defaults) - paths
+        assert undocumented == set(), f"{stage}: NCCL/EFA settings the env file does not document"
+
+
+def test_the_launcher_exports_the_workers_environment():
+    """horovodrun puts the launcher's environment on every rank's command line (Horovod runner/gloo_run.py
+    _slot_info_to_command_fn: `env KEY=VALUE ...` for all but runner/common/util/env.py IGNORE_REGEXES), so
+    each variable the launcher image sets replaces the worker's own: they must be the same values."""
+    text = DOCKERFILE.read_text()
+    launcher, train = dockerfile_env(text, "launcher"), dockerfile_env(text, "train")
+    assert launcher == train
+    assert "/opt/amazon/ofi-nccl/lib" in train["LD_LIBRARY_PATH"].split(":"), "the NCCL net plugin's home"
 
 
 def test_every_default_is_documented_by_a_comment():
