@@ -4,8 +4,8 @@ One stack per environment holds both layers (infra contract): `ringtrain:compute
 and everything that costs money by the hour; the data layer (KMS key, buckets, ECR) stays, protected
 by `ringtrain:dataProtection`. So:
 
-    up            compute=true,  pulumi up
-    down          compute=false, pulumi up          (data untouched, same URNs: a later up reuses them)
+    up            compute=true,  pulumi up --refresh
+    down          compute=false, pulumi up --refresh (data untouched, same URNs: a later up reuses them)
     delete-data   typed confirmation, then dataProtection=false + compute=false, pulumi up (lifts the
                   protect flags in the state), empty the buckets (every version) and the image
                   repository (the program never force-destroys them), then pulumi destroy
@@ -102,8 +102,12 @@ class AutomationStack:
             return None
 
     def up(self) -> None:
+        # --refresh: the state must hold what AWS has now before the diff. A GPU group's desired size
+        # is ignore_changes (infra/nodegroups.py), so an update of its min/max sends the desired size
+        # last recorded in the state; after job submission or the cost guard resized the group, that
+        # stale value would resize a running group. Refresh reads the live size first.
         try:
-            self._stack.up(on_output=self._on_output)
+            self._stack.up(on_output=self._on_output, refresh=True)
         except self._auto.CommandError as exc:
             raise StackError(f"pulumi up of stack {self.name!r} failed: {_command_message(exc)}") from None
 

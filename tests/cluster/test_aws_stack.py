@@ -142,6 +142,37 @@ def test_missing_aws_credentials_is_a_clear_error(monkeypatch, tmp_path):
     require_aws_credentials()
 
 
+class _ApiStack:
+    """Stands in for pulumi.automation.Stack: binds each up() call to the installed Stack.up signature
+    and keeps the CLI arguments the Automation API would add for it."""
+
+    def __init__(self):
+        self.cli_args: list[list[str]] = []
+
+    def up(self, **kwargs):
+        import inspect
+
+        from pulumi import automation as auto
+        from pulumi.automation._stack import _parse_extra_args  # what Stack.up turns kwargs into
+
+        inspect.signature(auto.Stack.up).bind(self, **kwargs)  # TypeError on a kwarg it lacks
+        self.cli_args.append(_parse_extra_args(**kwargs))
+
+
+def test_every_up_refreshes_the_state_first():
+    """`pulumi up --refresh`: ignore_changes on a GPU group's desired size keeps the size last written
+    to the state; without a refresh, a min/max change would send that stale size to a resized group."""
+    from pulumi import automation as auto
+
+    ops = AutomationStack.__new__(AutomationStack)  # no CLI here: only up() is exercised
+    ops._auto, ops.name, ops._on_output, ops._stack = auto, "dev", print, _ApiStack()
+    stack_up_ops = RecordingStack(outputs={})
+    stack_up_ops.up = ops.up  # the lifecycle's up goes through the real AutomationStack.up
+    stack_up(stack_up_ops)
+    stack_down(stack_up_ops)
+    assert ops._stack.cli_args == [["--refresh"], ["--refresh"]]
+
+
 def test_real_stack_selection_with_the_cli(tmp_path):
     """With the Pulumi CLI present: a local file backend, the repository's project, stack outputs."""
     if shutil.which("pulumi") is None:
