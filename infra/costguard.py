@@ -7,7 +7,9 @@
    published per node (Container Insights has no node-group dimension), and a node group's CPU is a
    poor idle signal (8 busy ranks on a 192-vCPU p5 read as ~4% CPU). The Lambda also goes through
    the EKS API (UpdateNodegroupConfig), so EKS's view of the group never disagrees with its ASG.
-   If the guard itself fails, an alarm on its Errors metric e-mails `costGuard.notificationEmail`.
+   A node without GPU telemetry is never scaled away: the guard e-mails `costGuard.notificationEmail`
+   through the alert topic, naming the node. If the guard itself fails, an alarm on its Errors
+   metric e-mails the same address.
 2. Budget: AWS Budgets on the stack's cost-allocation tag (`stack=<stack>`), monthly limit
    `costGuard.monthlyBudgetUsd`, e-mail at 80% and 100% actual and 100% forecast. The tag must be
    activated once per account as a cost-allocation tag (Billing console or
@@ -27,6 +29,7 @@ import pulumi_aws as aws
 from infra import iam
 from infra.cluster import EksCluster
 from infra.config import CostGuardConfig
+from infra.scale_to_zero import NOTIFIED_TAG
 
 CHECK_EVERY_MINUTES = 5
 GRACE_MINUTES = 10  # a new node's telemetry needs a few minutes before it reports GPU utilisation
@@ -50,13 +53,15 @@ def budget_tag_filter(stack_tag_value: str) -> dict:
     return {"name": "TagKeyValue", "values": [f"user:{COST_TAG_KEY}${stack_tag_value}"]}
 
 
-def guard_environment(cluster: str, node_groups: Sequence[str], cfg: CostGuardConfig) -> dict[str, str]:
+def guard_environment(cluster: str, node_groups: Sequence[str], cfg: CostGuardConfig,
+                      alert_topic_arn: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
     return {
         "CLUSTER_NAME": cluster,
         "NODE_GROUPS": json.dumps(list(node_groups)),
         "IDLE_MINUTES": str(cfg.idle_minutes),
         "IDLE_GPU_PERCENT": str(cfg.idle_gpu_utilization_percent),
         "GRACE_MINUTES": str(GRACE_MINUTES),
+        "ALERT_TOPIC_ARN": alert_topic_arn,
     }
 
 
@@ -80,6 +85,12 @@ class CostGuard(pulumi.ComponentResource):
         self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/aws/lambda/{function_name}", retention_in_days=LOG_RETENTION_DAYS,
             opts=child)
+        # Alerts to the stack's address: nodes the guard cannot judge (no GPU telemetry), and the
+        # guard's own failures (the Errors alarm below).
+        self.topic = aws.sns.Topic(f"{name}-alerts", opts=child)
+        self.subscription = aws.sns.TopicSubscription(
+            f"{name}-alerts-email", topic=self.topic.arn, protocol="email",
+            endpoint=args.config.notification_email, opts=child)
         self.role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=json.dumps(iam.service_trust_policy("lambda.amazonaws.com")),
@@ -87,9 +98,10 @@ class CostGuard(pulumi.ComponentResource):
         self.policy = aws.iam.RolePolicy(
             f"{name}-policy",
             role=self.role.id,
-            policy=pulumi.Output.all(args.account_id, self.log_group.arn).apply(
+            policy=pulumi.Output.all(args.account_id, self.log_group.arn, self.topic.arn).apply(
                 lambda v: json.dumps(iam.scale_to_zero_policy(
-                    cluster.region, v[0], cluster.name, list(args.gpu_node_groups), v[1]))),
+                    cluster.region, v[0], cluster.name, list(args.gpu_node_groups), v[1], v[2],
+                    NOTIFIED_TAG))),
             opts=child)
         self.function = aws.lambda_.Function(
             f"{name}-fn",
@@ -103,7 +115,7 @@ class CostGuard(pulumi.ComponentResource):
             # No reserved concurrency: new accounts must keep 10 unreserved. Runs do not overlap anyway
             # (a check takes seconds; the schedule is every CHECK_EVERY_MINUTES).
             environment=aws.lambda_.FunctionEnvironmentArgs(
-                variables=guard_environment(cluster.name, args.gpu_node_groups, args.config)),
+                variables=guard_environment(cluster.name, args.gpu_node_groups, args.config, self.topic.arn)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, self.policy,
                                                                  *args.node_group_resources]),
         )
@@ -123,10 +135,6 @@ class CostGuard(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.permission]))
 
         # The guard failing must not go unnoticed: e-mail on any error in 15 minutes.
-        self.topic = aws.sns.Topic(f"{name}-alerts", opts=child)
-        self.subscription = aws.sns.TopicSubscription(
-            f"{name}-alerts-email", topic=self.topic.arn, protocol="email",
-            endpoint=args.config.notification_email, opts=child)
         self.errors_alarm = aws.cloudwatch.MetricAlarm(
             f"{name}-errors",
             alarm_description=f"the scale-to-zero cost guard of {cluster.name} is failing",

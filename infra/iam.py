@@ -106,16 +106,19 @@ def service_trust_policy(service: str) -> dict[str, Any]:
     }
 
 
-# Scale-to-zero Lambda (infra/scale_to_zero.py). The read-only list/describe calls below have no
-# resource-level permissions in IAM, so they take "*"; the one write, UpdateNodegroupConfig, is
-# limited to the cluster's GPU node groups.
+# Scale-to-zero Lambda (infra/scale_to_zero.py). The read-only describe and metric calls below have
+# no resource-level permissions in IAM, so they take "*"; the writes are narrow: UpdateNodegroupConfig
+# on the cluster's GPU node groups, Publish to the stack's alert topic, and CreateTags of one tag key
+# (the "already notified" mark) on instances of this cluster only.
 SCALE_TO_ZERO_NODEGROUP_ACTIONS = ("eks:DescribeNodegroup", "eks:UpdateNodegroupConfig")
-SCALE_TO_ZERO_READ_ACTIONS = ("ec2:DescribeInstances", "cloudwatch:ListMetrics", "cloudwatch:GetMetricData")
+SCALE_TO_ZERO_READ_ACTIONS = ("ec2:DescribeInstances", "cloudwatch:GetMetricData")
+SCALE_TO_ZERO_NOTIFY_ACTIONS = ("sns:Publish",)
+SCALE_TO_ZERO_MARK_ACTIONS = ("ec2:CreateTags",)
 LOG_WRITE_ACTIONS = ("logs:CreateLogStream", "logs:PutLogEvents")
 
 
 def scale_to_zero_policy(region: str, account_id: str, cluster: str, node_groups: list[str],
-                         log_group_arn: str) -> dict[str, Any]:
+                         log_group_arn: str, alert_topic_arn: str, notified_tag: str) -> dict[str, Any]:
     """Identity policy of the scale-to-zero Lambda."""
     if not node_groups:
         raise ValueError("the scale-to-zero policy needs at least one node group")
@@ -125,6 +128,12 @@ def scale_to_zero_policy(region: str, account_id: str, cluster: str, node_groups
         "Statement": [
             _statement("ScaleGpuNodeGroups", SCALE_TO_ZERO_NODEGROUP_ACTIONS, nodegroup_arns),
             _statement("ReadNodesAndGpuMetrics", SCALE_TO_ZERO_READ_ACTIONS, ["*"]),
+            _statement("NotifyUnwatchedNodes", SCALE_TO_ZERO_NOTIFY_ACTIONS, [alert_topic_arn]),
+            _statement(
+                "MarkNotifiedNodes", SCALE_TO_ZERO_MARK_ACTIONS,
+                [f"arn:aws:ec2:{region}:{account_id}:instance/*"],
+                Condition={"StringEquals": {"aws:ResourceTag/eks:cluster-name": cluster},
+                           "ForAllValues:StringEquals": {"aws:TagKeys": [notified_tag]}}),
             _statement("WriteOwnLogs", LOG_WRITE_ACTIONS, [f"{log_group_arn}:*"]),
         ],
     }

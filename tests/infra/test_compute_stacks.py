@@ -15,6 +15,7 @@ from infra.config import parse_stack_config, raw_namespace
 from infra.costguard import CHECK_EVERY_MINUTES, LAMBDA_HANDLER
 from infra.efa import efa_interfaces
 from infra.nodegroups import EFA_PRESENT_LABEL, GPU_AMI_TYPE, NODE_POOL_LABEL, node_group_name
+from infra.scale_to_zero import NOTIFIED_TAG
 from tests.infra.harness import COMMITTED_STACKS, engine_config, run_program
 
 with warnings.catch_warnings():
@@ -323,6 +324,19 @@ def test_cost_guard_watches_every_gpu_group_and_the_budget_uses_the_stack_tag(st
     (scale,) = [s for s in guard_policy["Statement"] if "eks:UpdateNodegroupConfig" in s["Action"]]
     assert len(scale["Resource"]) == len(cfg.node_groups)
     assert all(f":nodegroup/{cluster}/" in arn for arn in scale["Resource"])
+    # Nodes without GPU telemetry are notified to the stack's address through the alert topic.
+    topic = result.one("aws:sns/topic:Topic")
+    assert env["ALERT_TOPIC_ARN"] == topic.outputs["arn"]
+    (sub,) = [s for s in result.of_type("aws:sns/topicSubscription:TopicSubscription")
+              if s.inputs["topic"] == topic.outputs["arn"]]
+    assert sub.inputs["protocol"] == "email" and sub.inputs["endpoint"] == cfg.cost_guard.notification_email
+    (publish,) = [s for s in guard_policy["Statement"] if "sns:Publish" in s["Action"]]
+    assert publish["Resource"] == [topic.outputs["arn"]]
+    (mark,) = [s for s in guard_policy["Statement"] if "ec2:CreateTags" in s["Action"]]
+    assert mark["Condition"]["StringEquals"] == {"aws:ResourceTag/eks:cluster-name": cluster}
+    assert mark["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": [NOTIFIED_TAG]}
+    # GPU series are read by their exact dimensions; ListMetrics (up to 15 min late) is not used.
+    assert not any("cloudwatch:ListMetrics" in s["Action"] for s in guard_policy["Statement"])
 
     budget = result.one("aws:budgets/budget:Budget")
     assert budget.inputs["budgetType"] == "COST" and budget.inputs["timeUnit"] == "MONTHLY"
