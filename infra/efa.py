@@ -1,20 +1,28 @@
 """EFA network-interface layout for a GPU launch template (pure logic, no Pulumi).
 
-One interface per network card of the instance type. Card 0 carries the primary interface:
-device index 0, type ``efa`` (EFA plus a normal ENA interface with an IP: kubelet and pod traffic).
-Every other card gets device index 1 and type ``efa-only``: the EFA device without an IP address,
-so a p5.48xlarge does not burn 31 extra VPC addresses per node and the VPC CNI never tries to put
-pods on them. Layout and the efa-only choice: terraform-aws-eks `modules/eks-managed-node-group`
-and pulumi-eks `nodes/instances.ts` (FIELD_NOTES §1). Device index 0 on a second card fails with
-"device index exceeds the maximum" (eksctl#7520), hence index 1 there.
+The layout is AWS's for maximum bandwidth on instances with several network cards (Amazon EC2 user
+guide, "Maximize network bandwidth on Amazon EC2 instances with multiple network cards",
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html, read 2026-12-06; it is
+also what its P5/P5e/P5en section builds on):
+
+- the primary interface (network card 0, device index 0) is an ENA interface ("You can't use an
+  EFA-only network interface as the primary network interface"): kubelet and pod traffic, one IP;
+- card 0 also carries an EFA-only interface at device index 1;
+- every other card carries an EFA-only interface at device index 0.
+
+So every network card gets one EFA device (32 on p5.48xlarge, 16 on p5en.48xlarge) and none of them
+takes a VPC address or is offered to the VPC CNI. The earlier layout (terraform-aws-eks: card 0
+device 0 `efa`, other cards device 1) put EFA on the primary ENA interface and used device index 1
+on cards whose device 0 stayed empty; AWS's guide is followed instead, and the tests in
+tests/infra/test_compute_efa_iam.py hold the layout to it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PRIMARY_INTERFACE_TYPE = "efa"
-SECONDARY_INTERFACE_TYPE = "efa-only"
+PRIMARY_INTERFACE_TYPE = "interface"  # ENA (EC2 InterfaceType "interface")
+EFA_INTERFACE_TYPE = "efa-only"
 
 
 @dataclass(frozen=True)
@@ -27,14 +35,12 @@ class EfaInterface:
 
 
 def efa_interfaces(network_cards: int) -> list[EfaInterface]:
-    """The interfaces of an EFA node with ``network_cards`` cards (the catalog's ``networkCards``)."""
+    """The interfaces of an EFA node with ``network_cards`` cards (the catalog's ``networkCards``):
+    the primary ENA interface, then one EFA-only interface per card."""
     if isinstance(network_cards, bool) or not isinstance(network_cards, int) or network_cards < 1:
         raise ValueError(f"network_cards must be an integer >= 1, got {network_cards!r}")
-    return [
-        EfaInterface(
-            network_card_index=card,
-            device_index=0 if card == 0 else 1,
-            interface_type=PRIMARY_INTERFACE_TYPE if card == 0 else SECONDARY_INTERFACE_TYPE,
-        )
+    return [EfaInterface(network_card_index=0, device_index=0, interface_type=PRIMARY_INTERFACE_TYPE)] + [
+        EfaInterface(network_card_index=card, device_index=1 if card == 0 else 0,
+                     interface_type=EFA_INTERFACE_TYPE)
         for card in range(network_cards)
     ]

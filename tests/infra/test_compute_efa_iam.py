@@ -24,14 +24,19 @@ def parliament_findings(doc: dict) -> list[str]:
     ("instance_type", "cards"),
     [("p5.48xlarge", 32), ("p5en.48xlarge", 16), ("p4d.24xlarge", 4), ("g5.8xlarge", 1)],
 )
-def test_efa_interfaces_one_per_card_with_card0_primary(instance_type, cards):
+def test_efa_layout_is_the_ec2_guides_maximum_bandwidth_layout(instance_type, cards):
+    """EC2 user guide efa-acc-inst-types ("Maximize network bandwidth ... multiple network cards"):
+    primary (card 0, device 0) an ENA interface, never EFA-only; card 0 device 1 EFA-only; every other
+    card device 0 EFA-only. One EFA device per card, and only the primary takes a VPC address."""
     layout = efa_interfaces(cards)
-    assert len(layout) == cards, instance_type
-    assert [i.network_card_index for i in layout] == list(range(cards))
-    assert layout[0] == EfaInterface(network_card_index=0, device_index=0, interface_type="efa")
-    for iface in layout[1:]:
-        assert iface.device_index == 1
-        assert iface.interface_type == "efa-only"
+    assert layout[0] == EfaInterface(network_card_index=0, device_index=0, interface_type="interface")
+    efa = layout[1:]
+    assert [(i.network_card_index, i.device_index) for i in efa] == \
+        [(0, 1)] + [(card, 0) for card in range(1, cards)], instance_type
+    assert {i.interface_type for i in efa} == {"efa-only"}
+    # EC2 refuses two interfaces at one (card, device) slot.
+    slots = [(i.network_card_index, i.device_index) for i in layout]
+    assert len(set(slots)) == len(slots)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "4", True, None])

@@ -74,12 +74,13 @@ def test_efa_launch_templates_carry_one_interface_per_card_in_the_efa_group(stac
             assert lt.inputs["vpcSecurityGroupIds"] == [sg_id(result, "node")]
             continue
         cards = catalog[group.instance_types[0]].network_cards
-        assert len(interfaces) == cards, group.name
+        assert len(interfaces) == cards + 1, group.name  # the primary ENA + one EFA-only per card
         got = [(i["networkCardIndex"], i["deviceIndex"], i["interfaceType"]) for i in interfaces]
         want = [(float(i.network_card_index), float(i.device_index), i.interface_type)
                 for i in efa_interfaces(cards)]
         assert got == want
-        assert got[0] == (0.0, 0.0, "efa") and all(d == 1.0 for _, d, _ in got[1:])
+        assert got[0] == (0.0, 0.0, "interface")
+        assert sum(1 for *_, kind in got if kind == "efa-only") == cards
         for iface in interfaces:
             assert efa_sg in iface["securityGroups"]
             assert iface["deleteOnTermination"] == "true"
@@ -87,7 +88,9 @@ def test_efa_launch_templates_carry_one_interface_per_card_in_the_efa_group(stac
         assert not lt.inputs.get("vpcSecurityGroupIds")
     if result.stack == "prod":
         assert efa_groups, "the prod stack is the EFA stack"
-        assert {len(launch_template_of(result, node_group(result, cfg, g.name)).inputs["networkInterfaces"])
+        # p5.48xlarge: 32 EFA-only interfaces (one per network card) + the primary ENA interface.
+        assert {sum(1 for nic in launch_template_of(result, node_group(result, cfg, g.name))
+                    .inputs["networkInterfaces"] if nic["interfaceType"] == "efa-only")
                 for g in efa_groups} == {32}
 
 
