@@ -67,7 +67,8 @@ def test_a_good_variant_of_the_same_config_runs():
     # The failing cases above differ from this one only in the value under test.
     result = run_program("dev", config=dev_with(nodeGroups=[group(instanceTypes=["g5.12xlarge"], efa=True)]))
     (lt,) = [r for r in result.of_type("aws:ec2/launchTemplate:LaunchTemplate") if r.name == "nodes-gpu-lt"]
-    assert len(lt.inputs["networkInterfaces"]) == 1  # g5.12xlarge: one card, one EFA interface
+    # g5.12xlarge: one card, one EFA-only interface beside the primary ENA interface (infra/efa.py)
+    assert [n["interfaceType"] for n in lt.inputs["networkInterfaces"]] == ["interface", "efa-only"]
 
 
 def test_admin_principals_become_cluster_admin_access_entries():
@@ -114,5 +115,6 @@ def test_capacity_reservation_is_targeted_by_the_launch_template_without_a_place
     target = lt.inputs["capacityReservationSpecification"]["capacityReservationTarget"]
     assert target == {"capacityReservationId": "cr-0123456789abcdef0"}
     assert not lt.inputs.get("placement")
-    assert len(lt.inputs["networkInterfaces"]) == 4  # p4d.24xlarge: 4 cards
+    # p4d.24xlarge: 4 cards, 4 EFA-only interfaces beside the primary ENA interface
+    assert sum(n["interfaceType"] == "efa-only" for n in lt.inputs["networkInterfaces"]) == 4
     assert result.of_type("aws:ec2/placementGroup:PlacementGroup") == []
