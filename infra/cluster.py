@@ -212,7 +212,30 @@ class EksCluster(pulumi.ComponentResource):
             self.admin_entries.append(entry)
         # Add-ons the nodes need to become Ready; node groups depend on these, so on destroy the CNI
         # is still running while nodes drain and release their ENIs (pulumi-eks#1226).
-        self.node_addons = [self._addon(name, addon) for addon in NODE_ADDONS]
+        # The VPC CNI's ENI permissions go to its own role through Pod Identity (infra/iam.py
+        # VPC_CNI_POLICIES), not to the node role every pod could otherwise reach.
+        cni_role = aws.iam.Role(
+            f"{name}-vpc-cni",
+            assume_role_policy=self.arn.apply(lambda arn: json.dumps(
+                iam.pod_identity_trust_policy(arn, iam.VPC_CNI_NAMESPACE, iam.VPC_CNI_SERVICE_ACCOUNT))),
+            description=f"VPC CNI (aws-node) of {self.name}: ENIs and pod IPs",
+            opts=child,
+        )
+        cni_policies = [
+            aws.iam.RolePolicyAttachment(f"{name}-vpc-cni-{arn.rsplit('/', 1)[-1]}", role=cni_role.name,
+                                         policy_arn=arn, opts=child)
+            for arn in iam.VPC_CNI_POLICIES
+        ]
+        addons = {
+            "eks-pod-identity-agent": self._addon(name, "eks-pod-identity-agent"),
+            "kube-proxy": self._addon(name, "kube-proxy"),
+        }
+        addons["vpc-cni"] = self._addon(
+            name, "vpc-cni", depends_on=[addons["eks-pod-identity-agent"], *cni_policies],
+            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                role_arn=cni_role.arn, service_account=iam.VPC_CNI_SERVICE_ACCOUNT)],
+        )
+        self.node_addons = [addons[addon] for addon in NODE_ADDONS]
 
         self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.endpoint})
 

@@ -28,12 +28,21 @@ POD_IDENTITY_ACTIONS = ("sts:AssumeRole", "sts:TagSession")
 
 # AWS managed policies of the two service roles.
 CLUSTER_ROLE_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
+# Nodes: what kubelet and the Pod Identity agent need (AmazonEKSWorkerNodePolicy) and image pulls
+# only (AmazonEC2ContainerRegistryPullOnly; ReadOnly would also list and describe every repository).
+# EKS user guide "Amazon EKS node IAM role" (create-node-role) names exactly these two. The VPC CNI's
+# ENI permissions (on "*") are NOT here: they belong to the CNI's own role (VPC_CNI_POLICIES).
 NODE_ROLE_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
-    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
-    # The VPC CNI runs with the node role: it must attach ENIs and assign pod IPs on every node.
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
 )
+# The VPC CNI (aws-node DaemonSet, service account kube-system/aws-node) gets its permissions through
+# an EKS Pod Identity association on the vpc-cni add-on. EKS user guide cni-iam-role: "The Amazon
+# VPC CNI plugin also supports Amazon EKS Pod Identities ... We recommend that you assign it to a
+# separate role"; add-on associations: update-addon-role, API AddonPodIdentityAssociations.
+VPC_CNI_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",)
+VPC_CNI_NAMESPACE = "kube-system"
+VPC_CNI_SERVICE_ACCOUNT = "aws-node"
 CLOUDWATCH_AGENT_POLICIES = ("arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy",)
 
 

@@ -35,9 +35,15 @@ GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 CPU_AMI_TYPE = "AL2023_x86_64_STANDARD"
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs
 SYSTEM_ROOT_VOLUME_GIB = 50
-# Pods reach IMDS through one extra hop (the pod network namespace); 2 keeps the CloudWatch agent
-# and other node agents working. Pods get AWS credentials from Pod Identity, not from IMDS.
-IMDS_HOP_LIMIT = 2
+# IMDSv2 answers only within this many network hops. A pod in its own network namespace is one hop
+# further than the node, so 1 keeps every such pod away from the node role's credentials; pods get
+# AWS credentials from EKS Pod Identity instead. Everything that still needs IMDS runs with
+# hostNetwork: aws-node (VPC CNI), kube-proxy, eks-pod-identity-agent, and the CloudWatch agent and
+# Fluent Bit of amazon-cloudwatch-observability (aws-observability/helm-charts
+# charts/amazon-cloudwatch-observability/templates/linux/fluent-bit-daemonset.yaml and
+# cloudwatch-agent values: `hostNetwork: true`). EKS best practices: "Restrict access to the instance
+# profile assigned to the worker node" (hop limit 1).
+IMDS_HOP_LIMIT = 1
 
 NODE_POOL_LABEL = "ringtrain.io/node-pool"
 SYSTEM_POOL = "system"

@@ -53,7 +53,7 @@ def test_physical_name_model():
     assert physical_name(res) == "fixed"
 
 
-# -- EC2 ----------------------------------------------------------------------------------------------
+# -- EC2 -------------------------------------------------------------------------------------------
 
 
 def test_no_security_group_name_starts_with_sg_dash(stack):
@@ -68,7 +68,7 @@ def test_no_security_group_name_starts_with_sg_dash(stack):
         assert len(name) <= 255, g.name
 
 
-# -- Kubernetes provider ----------------------------------------------------------------------------------
+# -- Kubernetes provider ---------------------------------------------------------------------------
 
 
 def test_every_kubernetes_provider_names_a_context_of_its_kubeconfig_under_strict_mode(stack):
@@ -88,3 +88,42 @@ def test_every_kubernetes_provider_names_a_context_of_its_kubeconfig_under_stric
             defined = [c["name"] for c in json.loads(kubeconfig)["contexts"]]
             assert context in defined, (provider.name, context, defined)
 
+
+# -- Node credentials ------------------------------------------------------------------------------
+
+
+def test_no_pod_can_reach_the_node_role_through_imds(stack):
+    """Every launch template: IMDSv2 and hop limit 1 (a pod's network namespace is the second hop)."""
+    templates = stack.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert templates
+    for lt in templates:
+        meta = lt.inputs.get("metadataOptions") or {}
+        assert meta.get("httpTokens") == "required", lt.name
+        assert meta.get("httpPutResponseHopLimit") == 1.0, lt.name
+
+
+def _attached(stack, role) -> set[str]:
+    name = role.inputs.get("name") or role.outputs.get("name")
+    return {a.inputs["policyArn"] for a in stack.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+            if a.inputs["role"] in (name, role.id)}
+
+
+def test_node_roles_pull_images_only_and_the_cni_has_its_own_pod_identity_role(stack):
+    from infra import iam
+
+    node_roles = [r for r in stack.of_type("aws:iam/role:Role")
+                  if json.loads(r.inputs["assumeRolePolicy"])["Statement"][0]["Principal"]
+                  == {"Service": "ec2.amazonaws.com"}]
+    assert node_roles
+    for role in node_roles:
+        assert _attached(stack, role) == set(iam.NODE_ROLE_POLICIES), role.name
+    assert "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly" in iam.NODE_ROLE_POLICIES
+    (cni,) = [a for a in stack.of_type("aws:eks/addon:Addon") if a.inputs["addonName"] == "vpc-cni"]
+    (assoc,) = cni.inputs["podIdentityAssociations"]
+    assert assoc["serviceAccount"] == "aws-node"
+    (cni_role,) = [r for r in stack.of_type("aws:iam/role:Role") if r.outputs.get("arn") == assoc["roleArn"]]
+    assert _attached(stack, cni_role) == {"arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"}
+    trust = json.loads(cni_role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert trust["Condition"]["StringEquals"]["aws:RequestTag/kubernetes-service-account"] == "aws-node"
+    assert trust["Condition"]["StringEquals"]["aws:RequestTag/kubernetes-namespace"] == "kube-system"
