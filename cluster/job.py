@@ -1,8 +1,8 @@
 """What a training job is, independent of where it runs.
 
-One JobSpec is rendered into a `horovodrun` command by `launch.horovodrun_command`; the local
-backend runs that command itself, the AWS backend puts the same command into an MPIJob launcher.
-Keeping one description and one renderer means both backends launch the trainer identically.
+One JobSpec is rendered once into an MPIJob (`cluster.mpijob.render_mpijob`, whose launcher runs
+`cluster.launch.horovodrun_command`); the MPI Operator runs that object on EKS and the local executor
+runs the same object on this machine, so both launch the trainer identically.
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ from dataclasses import dataclass, field
 EXIT_INTERRUPTED_RESUMABLE = 75
 # Exit code of `python -m train` for bad input (arguments, dataset, endpoint, credentials).
 EXIT_BAD_INPUT = 2
-
-# Where the MPI Operator mounts its host discovery script in the launcher pod (FIELD_NOTES §6);
-# the local backend writes its own script with the same contract (one "host:slots" per line).
-MPI_OPERATOR_DISCOVERY_SCRIPT = "/etc/mpi/discover_hosts.sh"
 
 
 def cores_per_worker(cpus: int, workers: int) -> int:

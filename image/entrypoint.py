@@ -61,7 +61,7 @@ SSHD = "/usr/sbin/sshd"
 SSHD_RUN_DIR = Path("/run/sshd")              # sshd's privilege-separation directory
 PROC_ROOT = Path("/proc")
 # The trainers' time to reach a step boundary, checkpoint and exit once SIGTERM is forwarded. It must end
-# before the worker pod's terminationGracePeriodSeconds (cluster/aws/mpijob.py, 120 s: the spot notice),
+# before the worker pod's terminationGracePeriodSeconds (cluster/mpijob.py, 120 s: the spot notice),
 # leaving SSHD_STOP_S and some slack, or the kubelet's SIGKILL lands mid-checkpoint.
 DEFAULT_STOP_GRACE_S = 100.0
 SSHD_STOP_S = 5.0                             # sshd's time to exit after SIGTERM, then SIGKILL

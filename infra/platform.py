@@ -47,8 +47,12 @@ NVIDIA_DEVICE_PLUGIN = HelmChart("nvidia-device-plugin", "nvidia-device-plugin",
                                  "https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin")
 EFA_DEVICE_PLUGIN = HelmChart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.7",
                               "https://aws.github.io/eks-charts", "kube-system")
-# Kubeflow MPI Operator v0.6.0 (kubeflow.org/v2beta1 MPIJob, the API cluster/aws/mpijob.py renders).
-MPI_OPERATOR_VERSION = "v0.6.0"
+# Kubeflow MPI Operator, latest release (kubeflow.org/v2beta1 MPIJob, the API cluster/mpijob.py renders):
+# the same version as the CRD the renderer is validated against (cluster/schemas/) and the controller
+# behaviour the local executor reproduces (cluster/mpi_operator.py OPERATOR_VERSION; a test keeps them
+# equal). Its deploy manifest installs the CRD and the operator (image mpioperator/mpi-operator:0.8,
+# the tag the v0.8.x releases publish).
+MPI_OPERATOR_VERSION = "v0.8.2"
 MPI_OPERATOR_MANIFEST = (
     f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
 )
@@ -148,5 +152,5 @@ class Platform(pulumi.ComponentResource):
 
 
 def launcher_node_selector() -> dict[str, str]:
-    """Where MPIJob launchers go: the on-demand system nodes (cluster/aws/mpijob.py LauncherNodes)."""
+    """Where MPIJob launchers go: the on-demand system nodes (cluster/mpijob.py LauncherNodes)."""
     return {NODE_POOL_LABEL: SYSTEM_POOL}

@@ -6,8 +6,9 @@
                 changes, the cost guard scales idle groups back down), wait for Ready nodes, apply the
                 rendered MPIJob
     logs(h)     follow the launcher's output
-    wait(h)     poll the MPIJob's conditions; exit code from the launcher pod; the trainer's summary
-                from the launcher's log
+    wait(h)     poll the MPIJob's conditions; the job's exit code from the launcher pod's exit code and
+                log through cluster.exit_codes (the mapping the local executor uses: a reclaimed
+                worker's 75 comes back as 75, so `run` resubmits), the trainer's summary from the log
     down()      compute off (data stays): the teardown `run` guarantees
 
 Needs the Pulumi CLI, AWS credentials, kubectl and the AWS CLI; each missing piece is one clear error.
@@ -21,20 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
+from cluster.exit_codes import failure_message, job_exit_code, parse_summary
 from cluster.job import JobSpec
-
-from .kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
-from .mpijob import (
+from cluster.mpijob import (
     JOB_LABEL,
     NODE_POOL_LABEL,
     ROLE_LABEL,
     SYSTEM_NODES,
-    image_reference,
     read_image_version,
     render_mpijob,
     worker_hostnames,
     worker_nodes,
 )
+
+from .kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
 from .outputs import NodeGroupOutput, StackOutputs, parse_outputs
 from .stack import (
     REPO_ROOT,
@@ -64,6 +65,10 @@ def check_fits_group(job: JobSpec, group: NodeGroupOutput, max_size: int | None)
                            "(raise maxSize in the stack config)")
 
 
+def image_reference(outputs: StackOutputs, version: str) -> str:
+    return f"{outputs.ecr_repository_url}:{version}"
+
+
 def storage_for(outputs: StackOutputs, job_name: str, dataset: str | None) -> Storage:
     return Storage(
         dataset_uri=f"s3://{outputs.datasets_bucket}/datasets/{dataset or job_name}",
@@ -81,6 +86,7 @@ class AwsBackend(Backend):
         node_group: str | None = None,
         dataset: str | None = None,
         image: str | None = None,
+        worker_memory: str | None = None,
         kubeconfig: Path | None = None,
         repo_root: Path = REPO_ROOT,
         ops_factory: Callable[[str], StackOps] = AutomationStack,
@@ -92,6 +98,7 @@ class AwsBackend(Backend):
         self.node_group = node_group
         self.dataset = dataset
         self.image = image
+        self.worker_memory = worker_memory
         self.kubeconfig = Path(kubeconfig) if kubeconfig else default_kubeconfig_path(stack)
         self.repo_root = Path(repo_root)
         self._ops_factory = ops_factory
@@ -143,12 +150,8 @@ class AwsBackend(Backend):
         outputs = self.outputs()
         outputs.require_compute()
         group = outputs.node_group(self.node_group)
-        catalog = load_catalog()
-        unknown = [t for t in group.instance_types if t not in catalog]
-        if unknown:
-            raise BackendError(f"instance types {', '.join(unknown)} of node group {group.name!r} are not in "
-                               "infra/catalog.yaml")
-        workers = worker_nodes(group, lambda t: catalog[t].gpus)
+        workers = worker_nodes(group.name, group.instance_types, group.capacity_type, group.efa_interfaces,
+                               load_catalog().instance_types, memory_limit=self.worker_memory)
         image = self.image or image_reference(outputs, read_image_version(self.repo_root))
         return render_mpijob(job, image=image, storage=self.storage(job.name),
                              namespace=str(outputs.training_namespace),
@@ -191,12 +194,9 @@ class AwsBackend(Backend):
             time.sleep(POLL_S)
         pods = self._k().get_json("pods", "-n", namespace, "-l",
                                   _launcher_selector(handle.name))
-        code = launcher_exit_code(pods)
         log = handle.details.get("log") or self._k().run(
             "logs", "-n", namespace, f"job/{handle.name}-launcher", "--tail=500").splitlines()
-        summary = _summary(log)
-        return JobResult(name=handle.name, succeeded=state == "Succeeded", exit_code=code, summary=summary,
-                         message=message)
+        return job_result(handle.name, state, message, launcher_exit_code(pods), log)
 
     def job_status(self, job_name: str) -> dict[str, Any]:
         """State of a submitted MPIJob (Pending, Running, Succeeded, Failed) and its launcher's exit code."""
@@ -266,10 +266,13 @@ def _launcher_selector(job_name: str) -> str:
     return f"{JOB_LABEL}={job_name},{ROLE_LABEL}=launcher"
 
 
-def _summary(lines: list[str]) -> dict[str, Any]:
-    from train.metrics import SUMMARY_PREFIX, parse_summary
-
-    found = [line for line in lines if SUMMARY_PREFIX in line]
-    if len(found) != 1:
-        return {}
-    return parse_summary(found[0])
+def job_result(name: str, state: str, message: str, launcher_rc: int | None, log: list[str]) -> JobResult:
+    """The finished MPIJob's result (pure): its exit code through the shared mapping, so a job whose
+    workers stopped on a spot reclaim after a checkpoint reads 75 although horovodrun exited 1."""
+    code = job_exit_code(launcher_rc, log)
+    if code is None:
+        code = 0 if state == "Succeeded" else 1   # the launcher pod is gone (TTL): trust the condition
+    if code != 0:
+        message = failure_message(code, log) + (f" (MPIJob: {message})" if message else "")
+    return JobResult(name=name, succeeded=code == 0, exit_code=code, summary=parse_summary(log),
+                     message="" if code == 0 else message)

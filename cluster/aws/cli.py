@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--node-group", help="GPU node group (default: the stack's only one)")
     submit.add_argument("--dataset", help="dataset name under s3://<datasets>/datasets/ (default: job name)")
     submit.add_argument("--image", help="full image reference (default <ecrRepositoryUrl>:<image/VERSION>)")
+    submit.add_argument("--worker-memory", metavar="QUANTITY",
+                        help="each worker pod's memory limit, e.g. 160Gi (default: most of the node's "
+                             "allocatable memory, from infra/catalog.yaml)")
     submit.add_argument("--outputs", type=Path,
                         help="stack outputs as JSON (`pulumi stack output --json --show-secrets`) instead of "
                              "asking Pulumi; with --dry-run nothing else is needed")
@@ -224,7 +227,7 @@ def cmd_submit(a: argparse.Namespace) -> int:
     factory = (lambda s: _OutputsFile(s, a.outputs)) if a.outputs else \
         (lambda s: AutomationStack(s, create=False))
     backend = AwsBackend(stack=a.stack, node_group=a.node_group, dataset=a.dataset, image=a.image,
-                         ops_factory=factory)
+                         worker_memory=a.worker_memory, ops_factory=factory)
     group = backend.outputs().node_group(a.node_group)
     catalog = load_catalog()
     gpus = catalog[group.instance_types[0]].gpus if group.instance_types[0] in catalog else None

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import queue
-import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec, cores_per_worker
+from cluster.exit_codes import failure_message, job_exit_code, parse_summary
+from cluster.job import JobSpec, cores_per_worker
 from cluster.launch import horovodrun_command
 from cluster.local import procs, reaper
 from cluster.local.hosts import HostError, LocalHosts
@@ -36,14 +36,6 @@ from cluster.local.objectstore import ObjectStore, free_port
 from cluster.local.ssh import SshSetupError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
-# horovodrun's line when a worker ends non-zero (gloo_run.py): "Process 1 exit with status code 75."
-_WORKER_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
-# Seconds horovodrun may take to ssh into every host and start the workers (default 30 is tight on
-# a busy 2-core machine, where each worker imports torch).
-START_TIMEOUT_S = 120
-# Elastic: a host that failed is blacklisted; let a restored host rejoin after this many seconds.
-BLACKLIST_COOLDOWN_S = (2, 5)
 
 
 def bucket_names(prefix: str) -> tuple[str, str]:
@@ -57,45 +49,6 @@ def storage_for(prefix: str, job_name: str, dataset: str, endpoint_url: str | No
     return Storage(dataset_uri=f"s3://{datasets}/datasets/{dataset}",
                    checkpoint_uri=f"s3://{checkpoints}/checkpoints/{job_name}",
                    endpoint_url=endpoint_url, env=dict(env))
-
-
-def parse_summary(lines: list[str]) -> dict:
-    """The trainer's last RINGTRAIN_SUMMARY record in the output, or {} (pure)."""
-    for line in reversed(lines):
-        if SUMMARY_PREFIX in line:
-            try:
-                return json.loads(line.split(SUMMARY_PREFIX, 1)[1])
-            except json.JSONDecodeError:
-                continue
-    return {}
-
-
-def worker_exit_codes(lines: list[str]) -> dict[int, int]:
-    codes = {}
-    for line in lines:
-        m = _WORKER_EXIT.match(line.strip())
-        if m:
-            codes[int(m.group(1))] = int(m.group(2))
-    return codes
-
-
-def job_exit_code(launcher_rc: int, worker_codes: dict[int, int], summary: dict) -> int:
-    """The job's exit code as the trainer meant it (pure).
-
-    horovodrun itself exits 1 whenever a worker exits non-zero, so the trainer's own code is read
-    from its summary (interrupted -> 75) and from horovodrun's per-worker exit lines.
-    """
-    if summary.get("interrupted"):
-        return EXIT_INTERRUPTED_RESUMABLE
-    if launcher_rc == 0:
-        return 0
-    # 143/137/255 are workers that horovodrun (or the reclaim) killed after the first one failed.
-    own = [c for c in worker_codes.values() if c not in (0, 143, 137, 255, -15, -9)]
-    if own and all(c == EXIT_INTERRUPTED_RESUMABLE for c in own):
-        # The trainer exits 75 only after rank 0 wrote the checkpoint (its exit barrier).
-        return EXIT_INTERRUPTED_RESUMABLE
-    others = [c for c in own if c != EXIT_INTERRUPTED_RESUMABLE]
-    return others[0] if others else launcher_rc
 
 
 @dataclasses.dataclass
@@ -203,16 +156,12 @@ class LocalBackend(Backend):
         if "--metrics-file" not in trainer_args:
             trainer_args += ["--metrics-file", str(metrics_file)]
         job = dataclasses.replace(job, trainer_args=tuple(trainer_args))
-        extra = [*hosts.horovodrun_args(), "--start-timeout", str(START_TIMEOUT_S)]
-        if job.elastic:
-            extra += ["--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_S),
-                      "--elastic-timeout", str(START_TIMEOUT_S)]
         cmd = horovodrun_command(
             job,
-            hosts=[f"{h.address}:{h.slots}" for h in live[: job.num_hosts]],
-            discovery_script=str(hosts.discovery_script_path),
+            hosts=None if job.elastic else [f"{h.address}:{h.slots}" for h in live[: job.num_hosts]],
+            discovery_script=str(hosts.discovery_script_path) if job.elastic else None,
+            network_interface=hosts.iface,
             python=sys.executable,
-            extra_horovodrun_args=extra,
         )
         cmd[0] = str(Path(sys.executable).with_name("horovodrun"))
         env = {**os.environ, **store.env(), **job.env, **hosts.launcher_env(), "PYTHONUNBUFFERED": "1"}
@@ -268,7 +217,7 @@ class LocalBackend(Backend):
             raise BackendError(f"job {handle.name} still running after {timeout_s:g}s") from None
         job.reader.join(timeout=30)
         summary = parse_summary(job.lines)
-        code = job_exit_code(rc, worker_exit_codes(job.lines), summary)
+        code = job_exit_code(rc, job.lines)
         message = "" if code == 0 else failure_message(code, job.lines)
         return JobResult(name=handle.name, succeeded=code == 0, exit_code=code, summary=summary,
                          metrics=_read_metrics(job.metrics_file), message=message)
@@ -344,18 +293,3 @@ def _read_metrics(path: Path, last_only: bool = False) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return records
-
-
-def failure_message(code: int, lines: list[str]) -> str:
-    """Why a job failed, from its output (pure): the trainer's own messages first, else which worker
-    exited how (horovodrun's traceback around that says nothing more)."""
-    if code == EXIT_INTERRUPTED_RESUMABLE:
-        return "interrupted after a checkpoint (resumable)"
-    trainer = [ln.split(">:", 1)[-1].strip() for ln in lines if "train: " in ln]
-    if trainer:
-        return f"exit code {code}: " + " | ".join(dict.fromkeys(trainer[-3:]))
-    exits = [ln.strip() for ln in lines if _WORKER_EXIT.match(ln.strip())]
-    if exits:
-        return f"exit code {code}: " + " ".join(exits[:3])
-    tail = [ln.strip() for ln in lines if ln.strip()][-3:]
-    return f"exit code {code}: " + " | ".join(tail)

@@ -187,12 +187,6 @@ class LocalHosts:
             kind = f"processes on localhost (loopback addresses; {self.fallback_reason or 'requested'})"
         return f"{len(self.hosts)} hosts as {kind}"
 
-    def horovodrun_args(self) -> list[str]:
-        """What horovodrun needs to reach these hosts: NIC, ssh port and key, no ~/.horovod cache."""
-        keys = self._keys()
-        return ["--network-interface", self.iface, "--ssh-port", str(keys.port),
-                "--ssh-identity-file", str(keys.client_key), "--disable-cache"]
-
     def launcher_env(self) -> dict[str, str]:
         """Put the `ssh` wrapper (cluster key, no known_hosts) first on horovodrun's PATH."""
         return {"PATH": f"{self._keys().bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -258,3 +258,39 @@ def test_submit_logs_wait_on_a_live_cluster():
     result = backend.wait(handle, timeout_s=1800)
     assert result.succeeded, (result.message, lines[-20:])
     assert result.summary.get("steps") == 20
+
+
+# What horovodrun printed when host-1's worker stopped on SIGTERM after rank 0's checkpoint (a spot reclaim),
+# and it exited 1: the launcher pod's exit code says nothing more than "failed".
+RECLAIMED_LOG = [
+    "[0]<stdout>:step 150 loss 0.61",
+    '[0]<stdout>:RINGTRAIN_SUMMARY {"steps": 153, "interrupted": true, "resumed_from_step": null}',
+    "Process 1 exit with status code 75.",
+    "Process 0 exit with status code 143.",
+]
+
+
+def test_a_reclaimed_aws_job_maps_to_the_resumable_exit_code_so_run_resubmits():
+    """Defect: the AWS backend took the launcher's exit code (1), so `run --backend aws` never resubmitted.
+    It now maps the launcher's code and log with the local backend's function (cluster.exit_codes)."""
+    from cluster.aws.backend import job_result
+    from cluster.job import EXIT_INTERRUPTED_RESUMABLE
+
+    result = job_result("j1", "Failed", "launcher exited 1", 1, RECLAIMED_LOG)
+    assert result.exit_code == EXIT_INTERRUPTED_RESUMABLE and not result.succeeded
+    assert result.summary["steps"] == 153
+    bad = job_result("j1", "Failed", "", 1, ["[1]<stderr>:train: error: --lr -1.0: must be > 0",
+                                             "Process 1 exit with status code 2."])
+    assert bad.exit_code == 2 and "train: error: --lr -1.0" in bad.message
+    ok = job_result("j1", "Succeeded", "", 0, ['[0]<stdout>:RINGTRAIN_SUMMARY {"steps": 20}'])
+    assert ok.succeeded and ok.exit_code == 0 and ok.message == ""
+    gone = job_result("j1", "Failed", "BackoffLimitExceeded", None, [])
+    assert gone.exit_code == 1 and "BackoffLimitExceeded" in gone.message
+
+
+def test_the_aws_and_local_backends_share_one_exit_code_mapping():
+    import cluster.aws.backend as aws
+    import cluster.exit_codes as exit_codes
+    import cluster.local.backend as local
+
+    assert aws.job_exit_code is exit_codes.job_exit_code is local.job_exit_code

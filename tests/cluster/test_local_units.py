@@ -10,17 +10,12 @@ import pytest
 
 from cluster.backend import Storage
 from cluster.cli import UsageError, build_parser, check_args, job_from_args, options_from_args
+from cluster.exit_codes import failure_message, job_exit_code, parse_summary, worker_exit_codes
 from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
 from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec, cores_per_worker
 from cluster.launch import horovodrun_command
 from cluster.local import hosts, network, procs, ssh
-from cluster.local.backend import (
-    bucket_names,
-    job_exit_code,
-    parse_summary,
-    storage_for,
-    worker_exit_codes,
-)
+from cluster.local.backend import bucket_names, storage_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +132,13 @@ def test_worker_exit_codes_come_from_horovodruns_lines():
     (1, {}, {}, 1),
 ])
 def test_job_exit_code_recovers_the_trainers_meaning(rc, codes, summary, expected):
-    assert job_exit_code(rc, codes, summary) == expected
+    import json
+
+    lines = [f"Process {rank} exit with status code {code}." for rank, code in codes.items()]
+    if summary:
+        lines.append(f"[0]<stdout>:RINGTRAIN_SUMMARY {json.dumps(summary)}")
+    assert job_exit_code(rc, lines) == expected
+    assert job_exit_code(None, lines) is None  # the launcher has not ended
 
 
 # ---------------------------------------------------------------- flow helpers
@@ -157,13 +158,20 @@ def test_trainer_args_add_data_checkpoints_endpoint_and_elastic():
     assert "--elastic" not in args2
 
 
-def test_the_launch_command_is_the_shared_renderer_with_ssh_settings():
+def test_the_launch_command_names_hosts_by_list_or_by_the_operators_hostfile():
     job = JobSpec(name="j", num_hosts=2, trainer_args=("--steps", "3"))
-    cmd = horovodrun_command(job, hosts=["10.213.1.10:1", "10.213.1.11:1"], python="/venv/python",
-                             extra_horovodrun_args=["--network-interface", "rtbr1", "--ssh-port", "22"])
-    assert cmd[:5] == ["horovodrun", "--gloo", "-np", "2", "-H"]
+    cmd = horovodrun_command(job, hosts=["10.213.1.10:1", "10.213.1.11"], python="/venv/python",
+                             network_interface="eth0")
+    assert cmd[:6] == ["horovodrun", "--gloo", "-np", "2", "-H", "10.213.1.10:1,10.213.1.11:1"]
     assert cmd[-5:] == ["/venv/python", "-m", "train", "--steps", "3"]
-    assert "--network-interface" in cmd
+    assert cmd[cmd.index("--network-interfaces") + 1] == "eth0"
+    from_file = horovodrun_command(job, hostfile="/etc/mpi/hostfile")
+    assert from_file[2:6] == ["-np", "2", "--hostfile", "/etc/mpi/hostfile"]
+    for bad in ({}, {"hosts": ["a"], "hostfile": "/f"}):
+        with pytest.raises(ValueError, match="either its hostfile or its host list"):
+            horovodrun_command(job, **bad)
+    with pytest.raises(ValueError, match="discovery script"):
+        horovodrun_command(JobSpec(name="e", num_hosts=2, elastic=True))
 
 
 def test_trainer_messages_are_shown_and_horovod_chatter_is_not():
@@ -278,8 +286,6 @@ HOROVODRUN_FAILURE = [
 
 
 def test_failure_message_prefers_the_trainers_words_then_the_worker_exits():
-    from cluster.local.backend import failure_message
-
     with_msg = ["[1]<stderr>:train: error: --lr -1.0: must be > 0", *HOROVODRUN_FAILURE]
     assert failure_message(2, with_msg) == "exit code 2: train: error: --lr -1.0: must be > 0"
     assert failure_message(2, HOROVODRUN_FAILURE) == "exit code 2: Process 1 exit with status code 2."

@@ -299,6 +299,10 @@ def test_charts_and_manifests_are_pinned_and_the_efa_plugin_only_targets_efa_nod
     (mpi,) = result.of_type("kubernetes:yaml/v2:ConfigFile")
     assert mpi.inputs["file"] == platform.MPI_OPERATOR_MANIFEST
     assert f"/{platform.MPI_OPERATOR_VERSION}/" in mpi.inputs["file"]
+    # The operator installed is the one whose CRD validates the rendered jobs (cluster/schemas, v0.8.2).
+    from cluster.mpi_operator import OPERATOR_VERSION
+
+    assert platform.MPI_OPERATOR_VERSION == OPERATOR_VERSION
     assert "master" not in mpi.inputs["file"] and "latest" not in mpi.inputs["file"]
 
 

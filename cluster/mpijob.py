@@ -1,16 +1,21 @@
 """Render a JobSpec as a Kubeflow MPIJob (`kubeflow.org/v2beta1`): a pure function, no cluster access.
 
+The job is rendered once, here; both executors run this object: the MPI Operator on EKS
+(cluster/aws/backend.py applies it) and the local executor (cluster/local/executor.py), which runs the
+launcher container's command and environment as they stand in it. What the operator adds to the object
+(pod names, /etc/mpi files, environment) is in cluster/mpi_operator.py.
+
 Shape (FIELD_NOTES §1, §5, §6):
 - one launcher on the on-demand system nodes (Horovod's driver is not fault tolerant, so it must not
-  sit on a spot node, horovod#2653) running exactly `cluster.launch.horovodrun_command(job, ...)`
-  through the image's entrypoint (`entrypoint.py launcher -- CMD`, which applies the image's NCCL/EFA
-  defaults first);
-  static jobs name the worker hosts the operator writes into /etc/mpi/hostfile, elastic jobs use the
-  operator's /etc/mpi/discover_hosts.sh, which lists the running workers;
+  sit on a spot node, horovod#2653) running `cluster.launch.horovodrun_command` through the image's
+  entrypoint (`entrypoint.py launcher -- CMD`, which applies the image's NCCL/EFA defaults first):
+  static jobs read the workers from the operator's /etc/mpi/hostfile, elastic jobs from its
+  /etc/mpi/discover_hosts.sh, which lists the running workers;
 - one worker per GPU node (`entrypoint.py sshd`; horovodrun reaches it over ssh) requesting the
-  node's GPUs and, on EFA groups, all its EFA interfaces, 2 MiB hugepages and a memory-backed
-  /dev/shm as the AWS reference jobs do, tolerating the GPU taint, with a termination grace period
-  that fits a checkpoint (the entrypoint forwards the pod's SIGTERM to the trainer ranks);
+  node's GPUs and, on EFA groups, all its EFA interfaces; most of the node's memory and CPUs (from the
+  instance catalog), a memory-backed /dev/shm with a size limit, a readiness probe on sshd's port,
+  the GPU taint tolerated, and a termination grace period that fits a checkpoint (the entrypoint
+  forwards the pod's SIGTERM to the trainer ranks);
 - both pods run as the stack's training service account, whose IAM role (EKS Pod Identity) gives
   them S3 access: no credentials travel in the manifest.
 """
@@ -18,20 +23,25 @@ Shape (FIELD_NOTES §1, §5, §6):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from cluster import mpi_operator
 from cluster.backend import BackendError, Storage
-from cluster.job import MPI_OPERATOR_DISCOVERY_SCRIPT, JobSpec
+from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
-
-from .outputs import NodeGroupOutput, StackOutputs
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
 SSH_AUTH_MOUNT_PATH = "/root/.ssh"
+SSH_PORT = 22                 # the image's sshd (image/entrypoint.py sshd)
+# The pod network interface: the VPC CNI gives every pod one interface, eth0, in its own network
+# namespace (EFA devices reach the pod as /dev/infiniband devices, not as interfaces); Horovod's
+# controller traffic and Gloo go over it. The local executor names its hosts' interface the same.
+POD_INTERFACE = "eth0"
 # Modes of the image's ENTRYPOINT (image/entrypoint.py); pods set `args`, so the entrypoint stays.
 LAUNCHER_ARGS = ("launcher", "--")
 WORKER_ARGS = ("sshd",)
@@ -46,9 +56,6 @@ STOP_GRACE_ENV = "RINGTRAIN_STOP_GRACE_S"
 STOP_GRACE_MARGIN_S = 10      # the entrypoint's time to stop sshd after the trainers, plus slack
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-# AWS reference jobs (awsome-distributed-training, p5 examples) request this with EFA.
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
-HUGEPAGES_AMOUNT = "5120Mi"
 # The label infra/nodegroups.py puts on every node: the node group's config name ("system" for the
 # on-demand CPU group).
 NODE_POOL_LABEL = "ringtrain.io/node-pool"
@@ -64,9 +71,30 @@ DATA_FLAG = "--data"
 CHECKPOINT_FLAG = "--checkpoint-dir"
 ELASTIC_FLAG = "--elastic"
 
+# What a node keeps for itself, subtracted before the worker's share (see worker_memory_limit_gib):
+# the EKS AMIs' kubeReserved memory is 11 MiB per pod the node may run plus 255 MiB (amazon-eks-ami
+# nodeadm / bottlerocket `memory_mebibytes_to_reserve`), at most 250 pods; the kubelet's default
+# hard eviction threshold is memory.available<100Mi.
+MAX_PODS_PER_NODE = 250
+KUBE_RESERVED_MIB = 11 * MAX_PODS_PER_NODE + 255
+EVICTION_HARD_MIB = 100
+# Of what is left (allocatable), the worker takes this share: the rest is for the daemonsets on every
+# GPU node (VPC CNI, kube-proxy, device plugins, the CloudWatch agent and its DCGM exporter).
+WORKER_MEMORY_SHARE = 0.9
+# CPUs left to the kubelet's reservation and those daemonsets.
+RESERVED_CPUS = 2
+
 
 class MPIJobError(BackendError):
     """The job cannot be rendered for this stack; the message says what is wrong and what is allowed."""
+
+
+class InstanceRecord(Protocol):
+    """What the renderer reads of a catalog entry (infra/catalog.py InstanceType)."""
+
+    gpus: int
+    vcpus: int
+    memory_gib: int
 
 
 @dataclass(frozen=True)
@@ -75,9 +103,12 @@ class WorkerNodes:
 
     node_group: str
     instance_types: tuple[str, ...]
-    gpus_per_node: int
+    gpus_per_node: int            # 0: CPU workers (the local executor's hosts)
     efa_interfaces: int
     capacity_type: str
+    memory_limit: str             # a Kubernetes quantity, e.g. "170Gi": requested and the limit
+    cpu_request: str              # e.g. "46"; no CPU limit (CFS throttling would stall the ranks)
+    shm_size_limit: str           # the memory-backed /dev/shm's sizeLimit (it counts against the limit)
 
 
 @dataclass(frozen=True)
@@ -92,20 +123,69 @@ class LauncherNodes:
 SYSTEM_NODES = LauncherNodes(node_selector={NODE_POOL_LABEL: SYSTEM_POOL, CAPACITY_TYPE_LABEL: "ON_DEMAND"})
 
 
-def worker_nodes(group: NodeGroupOutput, gpus_of: Callable[[str], int]) -> WorkerNodes:
-    """WorkerNodes for a stack node group; `gpus_of(instance_type)` reads the catalog."""
-    counts = {t: gpus_of(t) for t in group.instance_types}
+def worker_memory_limit_gib(memory_gib: int) -> int:
+    """Most of a node's allocatable memory: node memory less kubeReserved and the eviction threshold,
+    times WORKER_MEMORY_SHARE, in whole GiB (pure). The pod holds all of the node's ranks and its
+    memory-backed /dev/shm, so a fixed small limit would OOM-kill big nodes' jobs."""
+    allocatable_mib = memory_gib * 1024 - KUBE_RESERVED_MIB - EVICTION_HARD_MIB
+    return max(1, math.floor(allocatable_mib * WORKER_MEMORY_SHARE / 1024))
+
+
+def parse_gib(quantity: str) -> float:
+    """A memory quantity in GiB; accepts the binary suffixes Ki..Ti and plain bytes (for limits we write)."""
+    units = {"Ki": 2 ** -20, "Mi": 2 ** -10, "Gi": 1.0, "Ti": 2 ** 10}
+    text = quantity.strip()
+    suffix = text[-2:]
+    number, factor = (text[:-2], units[suffix]) if suffix in units else (text, 2 ** -30)
+    try:
+        value = float(number)
+    except ValueError:
+        raise MPIJobError(f"memory {quantity!r}: expected a quantity like 170Gi or 512Mi") from None
+    if not value > 0:
+        raise MPIJobError(f"memory {quantity!r}: must be more than 0")
+    return value * factor
+
+
+def worker_nodes(node_group: str, instance_types: Sequence[str], capacity_type: str, efa_interfaces: int,
+                 catalog: Mapping[str, InstanceRecord], memory_limit: str | None = None) -> WorkerNodes:
+    """WorkerNodes for a node group whose types the catalog describes; `memory_limit` overrides the
+    catalog-derived limit (it must fit the group's smallest node)."""
+    unknown = [t for t in instance_types if t not in catalog]
+    if unknown:
+        raise MPIJobError(f"instance types {', '.join(unknown)} of node group {node_group!r} are not in "
+                          "infra/catalog.yaml")
+    records = {t: catalog[t] for t in instance_types}
+    counts = {t: r.gpus for t, r in records.items()}
     if len(set(counts.values())) != 1:
         detail = ", ".join(f"{t}={n}" for t, n in counts.items())
         raise MPIJobError(
-            f"node group {group.name!r} mixes GPU counts ({detail}): a worker pod needs one count"
+            f"node group {node_group!r} mixes GPU counts ({detail}): a worker pod needs one count"
         )
     gpus = next(iter(counts.values()))
     if gpus < 1:
-        raise MPIJobError(f"node group {group.name!r} has no GPUs ({', '.join(group.instance_types)}): "
+        raise MPIJobError(f"node group {node_group!r} has no GPUs ({', '.join(instance_types)}): "
                           "workers need a GPU node group")
-    return WorkerNodes(node_group=group.name, instance_types=group.instance_types, gpus_per_node=gpus,
-                       efa_interfaces=group.efa_interfaces, capacity_type=group.capacity_type)
+    # A pod must fit every node type of the group: size it for the smallest.
+    most_gib = min(worker_memory_limit_gib(r.memory_gib) for r in records.values())
+    if memory_limit is None:
+        memory_gib = float(most_gib)
+        memory_limit = f"{most_gib}Gi"
+    else:
+        memory_gib = parse_gib(memory_limit)
+        if memory_gib > most_gib:
+            raise MPIJobError(f"worker memory {memory_limit}: node group {node_group!r} leaves at most "
+                              f"{most_gib}Gi per worker ({', '.join(instance_types)}); allowed are up to "
+                              f"{most_gib}Gi")
+    cpus = min(max(1, r.vcpus - RESERVED_CPUS) for r in records.values())
+    return WorkerNodes(node_group=node_group, instance_types=tuple(instance_types), gpus_per_node=gpus,
+                       efa_interfaces=efa_interfaces, capacity_type=capacity_type, memory_limit=memory_limit,
+                       cpu_request=str(cpus), shm_size_limit=shm_size_limit(memory_gib))
+
+
+def shm_size_limit(memory_gib: float) -> str:
+    """Half the worker's memory for /dev/shm (pure): room for NCCL's and the data loaders' shared
+    buffers, while a runaway writer gets ENOSPC instead of the whole pod being OOM-killed."""
+    return f"{max(1, math.floor(memory_gib * 1024 / 2))}Mi"
 
 
 def read_image_version(repo_root: Path) -> str:
@@ -121,17 +201,10 @@ def read_image_version(repo_root: Path) -> str:
     return version
 
 
-def image_reference(outputs: StackOutputs, version: str) -> str:
-    return f"{outputs.ecr_repository_url}:{version}"
-
-
 def worker_hostnames(job: JobSpec, namespace: str) -> list[str]:
-    """The names the MPI Operator gives worker i: `<job>-worker-<i>.<job>-worker.<ns>.svc`.
-
-    These are the lines of the /etc/mpi/hostfile it mounts into the launcher (mpi-operator
-    v2 controller newConfigMap/workerName); horovodrun wants them as -H, so they are named here.
-    """
-    return [f"{job.name}-worker-{i}.{job.name}-worker.{namespace}.svc" for i in range(job.num_hosts)]
+    """The names the MPI Operator gives the workers, `<job>-worker-<i>.<job>.<ns>.svc` (mpi_operator)."""
+    return [mpi_operator.pod_fqdn(mpi_operator.worker_pod_name(job.name, i), job.name, namespace)
+            for i in range(job.num_hosts)]
 
 
 def _has_flag(args: tuple[str, ...], flag: str) -> bool:
@@ -152,10 +225,12 @@ def with_storage_args(job: JobSpec, storage: Storage) -> JobSpec:
     return dataclasses.replace(job, trainer_args=args + tuple(extra))
 
 
-def launcher_command(job: JobSpec, namespace: str) -> list[str]:
+def launcher_command(job: JobSpec, network_interface: str = POD_INTERFACE) -> list[str]:
+    """horovodrun as the launcher runs it: hosts from the operator's /etc/mpi files."""
     if job.elastic:
-        return horovodrun_command(job, discovery_script=MPI_OPERATOR_DISCOVERY_SCRIPT)
-    return horovodrun_command(job, hosts=worker_hostnames(job, namespace))
+        return horovodrun_command(job, discovery_script=mpi_operator.DISCOVER_HOSTS_PATH,
+                                  network_interface=network_interface)
+    return horovodrun_command(job, hostfile=mpi_operator.HOSTFILE_PATH, network_interface=network_interface)
 
 
 def _env(job: JobSpec, storage: Storage) -> list[dict[str, str]]:
@@ -184,6 +259,16 @@ def _labels(job: JobSpec, role: str) -> dict[str, str]:
     return {JOB_LABEL: job.name, ROLE_LABEL: role}
 
 
+def launcher_container(mpijob: Mapping[str, Any]) -> dict[str, Any]:
+    """The launcher pod's (only) container, as rendered."""
+    return mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+
+
+def worker_container(mpijob: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker pods' main container (the first: the operator runs sshd in it)."""
+    return mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+
+
 def render_mpijob(
     job: JobSpec,
     *,
@@ -193,13 +278,14 @@ def render_mpijob(
     service_account: str,
     workers: WorkerNodes,
     launcher: LauncherNodes,
-    worker_memory: str = "32Gi",
+    network_interface: str = POD_INTERFACE,
+    ssh_port: int = SSH_PORT,
     clean_pod_policy: str = "Running",
     backoff_limit: int = 0,
     ttl_seconds_after_finished: int = 3600,
 ) -> dict[str, Any]:
     """The MPIJob manifest (a plain dict, ready for `kubectl apply -f -` as JSON)."""
-    if job.slots_per_host > workers.gpus_per_node:
+    if workers.gpus_per_node and job.slots_per_host > workers.gpus_per_node:
         raise MPIJobError(
             f"slots_per_host={job.slots_per_host} but node group {workers.node_group!r} "
             f"({', '.join(workers.instance_types)}) has {workers.gpus_per_node} GPUs per node: "
@@ -223,19 +309,22 @@ def render_mpijob(
             "containers": [{
                 "name": "launcher",
                 "image": image,
-                "args": [*LAUNCHER_ARGS, *launcher_command(job, namespace)],
+                "args": [*LAUNCHER_ARGS, *launcher_command(job, network_interface)],
                 **({"env": env} if env else {}),
                 "resources": {"requests": {"cpu": launcher.cpu, "memory": launcher.memory}},
             }],
         },
     }
 
-    gpu_limits: dict[str, str | int] = {GPU_RESOURCE: job.slots_per_host, "memory": worker_memory}
+    requests: dict[str, str | int] = {"cpu": workers.cpu_request, "memory": workers.memory_limit}
+    limits: dict[str, str | int] = {"memory": workers.memory_limit}
+    if workers.gpus_per_node:
+        # Extended resources need requests == limits; stating both keeps the manifest explicit.
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = job.slots_per_host
     if workers.efa_interfaces:
-        gpu_limits[EFA_RESOURCE] = workers.efa_interfaces
-        gpu_limits[HUGEPAGES_RESOURCE] = HUGEPAGES_AMOUNT
-    # Extended resources need requests == limits; stating both keeps the manifest explicit.
-    resources = {"requests": dict(gpu_limits), "limits": dict(gpu_limits)}
+        # No hugepages-2Mi: image/nccl-efa.env sets FI_EFA_USE_HUGE_PAGE=0, and a request for them keeps
+        # the pod Pending forever on a node that has not reserved any.
+        requests[EFA_RESOURCE] = limits[EFA_RESOURCE] = workers.efa_interfaces
     worker_pod = {
         "metadata": {"labels": _labels(job, "worker")},
         "spec": {
@@ -265,10 +354,17 @@ def render_mpijob(
                 # and the entrypoint stays PID 1 to forward the pod's SIGTERM to the trainers.
                 "args": list(WORKER_ARGS),
                 **({"env": env} if env else {}),
-                "resources": resources,
+                "ports": [{"name": "ssh", "containerPort": ssh_port, "protocol": "TCP"}],
+                # Ready only once sshd accepts connections: the job's headless Service publishes only
+                # ready pods' addresses and the operator starts a static job's launcher only when all
+                # workers are ready (WaitForWorkersReady), so without it horovodrun's ssh check races sshd.
+                "readinessProbe": {"tcpSocket": {"port": ssh_port}, "periodSeconds": 2,
+                                   "failureThreshold": 3, "timeoutSeconds": 1},
+                "resources": {"requests": requests, "limits": limits},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            "volumes": [{"name": "dshm",
+                         "emptyDir": {"medium": "Memory", "sizeLimit": workers.shm_size_limit}}],
         },
     }
 
