@@ -24,9 +24,10 @@ import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
 from infra.compute import declare_compute  # noqa: E402
-from infra.config import ConfigError, load_stack_config  # noqa: E402
+from infra.config import ConfigError, capacity_block_groups, check_capacity_blocks, load_stack_config  # noqa: E402
 from infra.data import DataLayer  # noqa: E402
 from infra.network import Network  # noqa: E402
+from infra.nodegroups import lookup_capacity_block  # noqa: E402
 from infra.security import SecurityGroups  # noqa: E402
 from infra.tags import default_tags, tagged_provider  # noqa: E402
 
@@ -43,6 +44,14 @@ def main() -> None:
         "aws-tagged", settings.region,
         default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours))
     use_provider = pulumi.ResourceOptions(providers=[provider])
+    if cfg.compute and capacity_block_groups(cfg):
+        # Capacity Blocks are checked against AWS's record before anything is declared (the provider
+        # above creates nothing): a block in another zone or of another type fails here, not 20
+        # minutes into a node group that never gets an instance.
+        try:
+            check_capacity_blocks(settings, lambda rid: lookup_capacity_block(rid, provider))
+        except ConfigError as exc:
+            raise pulumi.RunError(str(exc)) from None
     account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
 
     data = DataLayer("data", cfg.data, stack=stack, protect=cfg.data_protection, opts=use_provider)

@@ -17,6 +17,8 @@ import ipaddress
 import json
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -161,13 +163,16 @@ class NodeGroupConfig(NodeCounts):
                       description="2 to 32 lowercase letters, digits and hyphens, starting with a letter")
     instance_types: list[str] = Field(min_length=1, max_length=8,
                                       description="1 to 8 GPU instance types from infra/catalog.yaml")
-    capacity_type: Literal["ON_DEMAND", "SPOT"] = Field(description="ON_DEMAND or SPOT")
+    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = Field(
+        description="ON_DEMAND, SPOT or CAPACITY_BLOCK (an EC2 Capacity Block for ML, named by "
+                    "capacityReservationId)")
     efa: bool = Field(description="true or false")
     placement_group: bool = Field(default=True, description="true or false")
     root_volume_gib: int = Field(default=200, alias="rootVolumeGiB", ge=50, le=16384,
                                  description="an integer 50..16384 (GiB)")
     capacity_reservation_id: str | None = Field(
-        default=None, pattern=r"^cr-[0-9a-f]{8,17}$", description="null or a capacity reservation id cr-...")
+        default=None, pattern=r"^cr-[0-9a-f]{8,17}$",
+        description="null or a capacity reservation id cr-... (a Capacity Block's id with CAPACITY_BLOCK)")
 
 
 class CostGuardConfig(_Section):
@@ -384,8 +389,15 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
                     raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
                                    f"a type with {first.network_cards} network cards like {first.name} "
                                    "(one launch template, one EFA interface layout)")
+        if group.capacity_type == "CAPACITY_BLOCK":
+            if group.capacity_reservation_id is None:
+                raise _problem(f"{base}.capacityReservationId", _MISSING,
+                               "the id (cr-...) of the Capacity Block the CAPACITY_BLOCK group launches into")
+            if len(group.instance_types) != 1:
+                raise _problem(f"{base}.instanceTypes", group.instance_types,
+                               "exactly one instance type, the Capacity Block's, for a CAPACITY_BLOCK group")
         if group.capacity_reservation_id is not None:
-            if group.capacity_type != "ON_DEMAND":
+            if group.capacity_type == "SPOT":
                 raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
                                "null for SPOT groups (reservations are on-demand capacity)")
             if len(group.instance_types) != 1:
@@ -399,6 +411,75 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
             raise _problem(f"{base}.minSize", group.min_size,
                            "0 (GPU node groups scale to zero when idle; set desiredSize for nodes at start)")
         _check_counts(base, group)
+
+
+# --------------------------------------------------------------------------------------------
+# Capacity Blocks for ML: rules that need AWS's record of the block
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapacityBlock:
+    """AWS's record of a Capacity Block (EC2 DescribeCapacityReservations, type capacity-block)."""
+
+    reservation_id: str
+    availability_zone: str
+    instance_type: str
+    instance_count: int
+    state: str
+    start_date: str
+    end_date: str
+
+
+# Capacity Block states in which its instances can still run (EC2 CapacityReservationState; a block
+# goes payment-pending -> scheduled -> active -> expired).
+USABLE_CAPACITY_BLOCK_STATES = ("payment-pending", "scheduled", "active")
+
+
+def capacity_block_groups(cfg: StackConfig) -> list[tuple[int, NodeGroupConfig]]:
+    return [(i, g) for i, g in enumerate(cfg.node_groups) if g.capacity_type == "CAPACITY_BLOCK"]
+
+
+def check_capacity_blocks(settings: Settings, lookup: Callable[[str], CapacityBlock]) -> None:
+    """Check every CAPACITY_BLOCK group against its block; raise the first ConfigError found.
+
+    `lookup(reservation_id)` returns the block or raises LookupError with AWS's reason. The group's
+    nodes launch only in network.gpuAvailabilityZone's subnet, and a block's instances exist only in
+    its own zone, with its one instance type, up to its instance count, while it is active (EKS user
+    guide, "Create a managed node group with Capacity Blocks for ML"; EC2 user guide, Capacity Blocks).
+    """
+    cfg = settings.stack
+    gpu_az = cfg.network.gpu_availability_zone
+    for i, group in capacity_block_groups(cfg):
+        base = f"nodeGroups[{i}]"
+        rid = group.capacity_reservation_id
+        assert rid is not None  # check_semantics requires it for CAPACITY_BLOCK
+        try:
+            block = lookup(rid)
+        except LookupError as exc:
+            raise _problem(f"{base}.capacityReservationId", rid,
+                           f"a Capacity Block for ML of this account in aws:region {settings.region}; "
+                           f"looking it up failed: {exc}") from None
+        if block.availability_zone != gpu_az:
+            raise _problem(f"{base}.capacityReservationId", rid,
+                           f"a Capacity Block in network.gpuAvailabilityZone ({gpu_az}), where GPU nodes "
+                           f"launch; this one is in {block.availability_zone}: set network."
+                           f"gpuAvailabilityZone to {block.availability_zone} or use a block in {gpu_az}")
+        if block.state not in USABLE_CAPACITY_BLOCK_STATES:
+            raise _problem(f"{base}.capacityReservationId", rid,
+                           f"a Capacity Block that is {', '.join(USABLE_CAPACITY_BLOCK_STATES[:-1])} or "
+                           f"{USABLE_CAPACITY_BLOCK_STATES[-1]}; "
+                           f"this one is {block.state} ({block.start_date} to {block.end_date})")
+        if group.instance_types[0] != block.instance_type:
+            raise _problem(f"{base}.instanceTypes[0]", group.instance_types[0],
+                           f"{block.instance_type}, the instance type of Capacity Block {rid}")
+        if group.max_size > block.instance_count:
+            raise _problem(f"{base}.maxSize", group.max_size,
+                           f"at most {block.instance_count}, the instances Capacity Block {rid} holds")
+        if group.desired_size > 0 and block.state != "active":
+            raise _problem(f"{base}.desiredSize", group.desired_size,
+                           f"0 until Capacity Block {rid} is active (it is {block.state}, starts "
+                           f"{block.start_date}); jobs scale the group up once it is")
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,14 @@ unless the group opts out (capacity reservations), and only the subnet of the si
 Non-EFA GPU groups also stay in the GPU AZ: a ring-allreduce across AZs pays cross-AZ latency and
 $0.01/GB each way on every gradient exchange.
 
+Capacity Blocks for ML (`capacityType: CAPACITY_BLOCK`): the node group's capacity type is
+CAPACITY_BLOCK and its launch template has market type `capacity-block` and targets the block's
+reservation; EKS refuses the group otherwise (EKS user guide, "Create a managed node group with
+Capacity Blocks for ML"; the EKS API's CapacityTypes enum lists CAPACITY_BLOCK, botocore eks
+2017-11-01; terraform-provider-aws validates capacity_type against that enum, internal/service/eks/
+node_group.go). The block's zone, instance type, size and state are checked against AWS before any
+resource is declared (`lookup_capacity_block`, infra/config.py check_capacity_blocks).
+
 The desired size belongs to whoever scales the group at run time (job submission, the cost guard's
 scale-to-zero): `ignore_changes=["scalingConfig.desiredSize"]`, as terraform-aws-eks does
 (FIELD_NOTES §3), so the next `pulumi up` does not undo it. Config desiredSize is the initial size.
@@ -28,7 +36,7 @@ import pulumi_aws as aws
 from infra import iam
 from infra.catalog import Catalog
 from infra.cluster import EksCluster
-from infra.config import NodeGroupConfig, SystemNodesConfig
+from infra.config import CapacityBlock, NodeGroupConfig, SystemNodesConfig
 from infra.efa import efa_interfaces
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
@@ -53,6 +61,8 @@ EFA_PRESENT_LABEL = "vpc.amazonaws.com/efa.present"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT = {"key": GPU_TAINT_KEY, "value": "true", "effect": "NO_SCHEDULE"}
 IGNORE_DESIRED_SIZE = ["scalingConfig.desiredSize"]
+CAPACITY_BLOCK = "CAPACITY_BLOCK"
+CAPACITY_BLOCK_MARKET_TYPE = "capacity-block"  # EC2 MarketType (botocore ec2 2016-11-15)
 
 
 def node_group_name(cluster: str, group: str) -> str:
@@ -78,6 +88,22 @@ def placement_group_wanted(group: NodeGroupConfig) -> bool:
 def efa_interface_count(group: NodeGroupConfig, catalog: Catalog) -> int:
     """EFA interfaces per node of a group (0 without EFA); config validation made them agree."""
     return catalog[group.instance_types[0]].efa_interfaces if group.efa else 0
+
+
+def lookup_capacity_block(reservation_id: str, provider: pulumi.ProviderResource) -> CapacityBlock:
+    """AWS's record of a Capacity Block, read while the program runs (preview too), before any resource
+    is declared; raises LookupError with the provider's reason (not found, not a Capacity Block, no
+    permission for ec2:DescribeCapacityReservations)."""
+    try:
+        found = aws.ec2.get_capacity_block_reservation(
+            id=reservation_id, opts=pulumi.InvokeOptions(provider=provider))
+    except Exception as exc:  # the invoke's error text is the reason to show; its type says nothing
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise LookupError(reason) from None
+    return CapacityBlock(
+        reservation_id=reservation_id, availability_zone=str(found.availability_zone),
+        instance_type=str(found.instance_type), instance_count=int(found.instance_count or 0),
+        state=str(found.state), start_date=str(found.start_date), end_date=str(found.end_date))
 
 
 def tag_specifications(tags: dict[str, str], name: str) -> list[aws.ec2.LaunchTemplateTagSpecificationArgs]:
@@ -145,12 +171,15 @@ class NodeGroups(pulumi.ComponentResource):
                          security_group_ids: Sequence[pulumi.Input[str]] | None = None,
                          network_interfaces: list | None = None,
                          placement: aws.ec2.LaunchTemplatePlacementArgs | None = None,
-                         reservation_id: str | None = None) -> aws.ec2.LaunchTemplate:
-        reservation = None
+                         reservation_id: str | None = None,
+                         capacity_block: bool = False) -> aws.ec2.LaunchTemplate:
+        reservation = market = None
         if reservation_id:
             reservation = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
                 capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
                     capacity_reservation_id=reservation_id))
+        if capacity_block:
+            market = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type=CAPACITY_BLOCK_MARKET_TYPE)
         lt = aws.ec2.LaunchTemplate(
             f"{resource_name}-lt",
             name_prefix=f"{ng_name}-",
@@ -168,6 +197,7 @@ class NodeGroups(pulumi.ComponentResource):
             network_interfaces=network_interfaces,
             placement=placement,
             capacity_reservation_specification=reservation,
+            instance_market_options=market,
             tag_specifications=tag_specifications(self._args.tags, ng_name),
             update_default_version=True,
             opts=pulumi.ResourceOptions(parent=self),
@@ -226,11 +256,13 @@ class NodeGroups(pulumi.ComponentResource):
             ]
             lt = self._launch_template(resource, ng_name, group.root_volume_gib,
                                        network_interfaces=interfaces, placement=placement,
-                                       reservation_id=group.capacity_reservation_id)
+                                       reservation_id=group.capacity_reservation_id,
+                                       capacity_block=group.capacity_type == CAPACITY_BLOCK)
         else:
             lt = self._launch_template(resource, ng_name, group.root_volume_gib,
                                        security_group_ids=[args.node_security_group_id],
-                                       reservation_id=group.capacity_reservation_id)
+                                       reservation_id=group.capacity_reservation_id,
+                                       capacity_block=group.capacity_type == CAPACITY_BLOCK)
         self.launch_templates[group.name] = lt
         return self._node_group(
             group.name, lt, instance_types=list(group.instance_types), capacity_type=group.capacity_type,

@@ -14,7 +14,8 @@ plain Python data and need no `@pulumi.runtime.test` (FIELD_NOTES §7). Inputs a
 engine would receive them: camelCased keys, numbers as floats, provider object inputs JSON-encoded.
 
 Invokes are answered from INVOKES (token -> function(args, region) -> dict); an invoke without an
-answer fails the run naming its token, so a test never passes on a silently empty result.
+answer fails the run naming its token, so a test never passes on a silently empty result. Capacity
+Block lookups are answered from the config itself (capacity_blocks_as_configured).
 """
 
 from __future__ import annotations
@@ -219,6 +220,34 @@ INVOKES: dict[str, Callable[[dict, str], dict]] = {
 }
 
 
+CAPACITY_BLOCK_INVOKE = "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation"
+
+
+def capacity_blocks_as_configured(config: Mapping[str, Any]) -> Callable[[dict, str], dict]:
+    """Offline answer to Capacity Block lookups: each block is what its node group's config says (in
+    network.gpuAvailabilityZone, of the group's instance type, maxSize instances, active). Offline
+    there is no AWS to ask: only `pulumi preview`/`up` read the real block. Tests that need another
+    block pass their own answer for CAPACITY_BLOCK_INVOKE."""
+    def value(key: str) -> Any:
+        raw = config.get(f"ringtrain:{key}")
+        return json.loads(raw) if isinstance(raw, str) else raw
+
+    network = value("network") or {}
+    blocks = {g["capacityReservationId"]: g for g in (value("nodeGroups") or [])
+              if isinstance(g, dict) and g.get("capacityType") == "CAPACITY_BLOCK"
+              and g.get("capacityReservationId")}
+
+    def answer(args: dict, region: str) -> dict:
+        group = blocks.get(args.get("id"))
+        if group is None:
+            raise HarnessError(f"no Capacity Block {args.get('id')!r} in the config's node groups")
+        return {"id": args["id"], "availabilityZone": network.get("gpuAvailabilityZone"),
+                "instanceType": group["instanceTypes"][0], "instanceCount": group["maxSize"],
+                "state": "active", "reservationType": "capacity-block",
+                "startDate": "2026-12-01T11:30:00Z", "endDate": "2026-12-08T11:30:00Z"}
+    return answer
+
+
 def _service_of(type_: str) -> str:
     # "aws:ec2/vpc:Vpc" -> "ec2"
     try:
@@ -400,7 +429,8 @@ def run_program(
     region = str(cfg.get("aws:region", "us-east-1"))
 
     with _RUN_LOCK:
-        mocks = _RecordingMocks(region, {**INVOKES, **(invokes or {})})
+        answers = {**INVOKES, CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg), **(invokes or {})}
+        mocks = _RecordingMocks(region, answers)
         monitor = _RecordingMonitor(mocks)
         set_all_config(engine_config(cfg), list(secret_keys))
         pulumi_settings.ROOT.set(None)

@@ -17,6 +17,10 @@ DATA_OUTPUTS = ("datasetsBucket", "checkpointsBucket", "ecrRepositoryUrl")
 COMPUTE_OUTPUTS = ("clusterName", "trainingNamespace", "trainingServiceAccount", "nodeGroups")
 
 
+# The EKS API's node group capacity types (botocore eks 2017-11-01, CapacityTypes).
+CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
+
+
 class OutputsError(BackendError):
     """The stack's outputs lack something the asked-for action needs."""
 
@@ -27,7 +31,7 @@ class NodeGroupOutput:
 
     name: str
     instance_types: tuple[str, ...]
-    capacity_type: str          # ON_DEMAND | SPOT
+    capacity_type: str          # ON_DEMAND | SPOT | CAPACITY_BLOCK
     efa_interfaces: int         # EFA devices per node; 0 without EFA
     eks_name: str | None = None  # the EKS node group's own name (what the EKS API scales)
 
@@ -89,8 +93,9 @@ def _node_group(name: str, raw: Any, stack: str) -> NodeGroupOutput:
     if not isinstance(types, list | tuple) or not types or not all(isinstance(t, str) for t in types):
         raise OutputsError(f"{where}.instanceTypes is {types!r}: expected a non-empty list of instance types")
     capacity = raw.get("capacityType")
-    if capacity not in ("ON_DEMAND", "SPOT"):
-        raise OutputsError(f"{where}.capacityType is {capacity!r}: expected ON_DEMAND or SPOT")
+    if capacity not in CAPACITY_TYPES:
+        raise OutputsError(
+            f"{where}.capacityType is {capacity!r}: expected one of {', '.join(CAPACITY_TYPES)}")
     efa = raw.get("efaInterfaces", 0)
     # Outputs that went through the engine may carry numbers as floats (3.0); accept whole numbers only.
     if isinstance(efa, bool) or not isinstance(efa, int | float) or efa < 0 or int(efa) != efa:

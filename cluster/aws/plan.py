@@ -11,8 +11,11 @@ Costs come from infra/catalog.yaml's list prices:
 - a run:          full scale $/h x hours.
 
 A group with several instance types is priced at its most expensive type (the bill cannot exceed it).
-Spot groups are priced at the on-demand list price, an upper bound: spot prices float below it. The
-data layer (S3, KMS, ECR) and traffic (NAT data processing, S3 requests) are not included.
+Spot groups are priced at the on-demand list price, an upper bound: spot prices float below it.
+Capacity Block groups are shown but not priced by the hour: a block is paid up front, when bought, for
+its whole duration (its price comes with the offering, EC2 DescribeCapacityBlockOfferings), whether its
+nodes run or not; the totals leave it out. The data layer (S3, KMS, ECR) and traffic (NAT data
+processing, S3 requests) are not included.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ EFA_INTERFACE_TYPES = ("efa", "efa-only")
 # infra/nodegroups.py labels every node with its group's config name; the plan shows that name.
 NODE_POOL_LABEL = "ringtrain.io/node-pool"
 PRICE_REGION = "us-east-1"  # the region of the catalog's list prices
+CAPACITY_BLOCK = "CAPACITY_BLOCK"
+CAPACITY_BLOCK_NOTE = "Capacity Block: paid up front for the whole block; not in the totals"
 
 
 class PlanError(Exception):
@@ -44,7 +49,7 @@ class NodeGroupPlan:
     name: str
     role: str                         # "system" (CPU) or "gpu"
     instance_types: tuple[str, ...]
-    capacity_type: str                # ON_DEMAND | SPOT
+    capacity_type: str                # ON_DEMAND | SPOT | CAPACITY_BLOCK
     min_size: int
     desired_size: int
     max_size: int
@@ -165,7 +170,10 @@ def node_groups_from_resources(resources: list[Any], catalog: Catalog) -> tuple[
 
 
 def _group_price(group: NodeGroupPlan, catalog: Catalog) -> tuple[float | None, str]:
-    """Per-node $/h for a group: its most expensive type; None when a type has no list price."""
+    """Per-node $/h for a group: its most expensive type; None when a type has no list price or the
+    group runs on a Capacity Block (paid up front, not by the hour)."""
+    if group.capacity_type == CAPACITY_BLOCK:
+        return None, CAPACITY_BLOCK_NOTE
     prices = {t: catalog[t].on_demand_usd_per_hour for t in group.instance_types}
     notes = []
     if len(prices) > 1:
@@ -202,6 +210,8 @@ def estimate_cost(node_groups: tuple[NodeGroupPlan, ...], nat_gateways: int, eks
         else:
             idle.append(CostLine(label, group.min_size, each, note))
             full.append(CostLine(label, group.max_size, each, note))
+        if group.capacity_type == CAPACITY_BLOCK:
+            continue  # no list price used
         for t in group.instance_types:
             rec = catalog[t]
             if rec.on_demand_usd_per_hour is None:
@@ -226,6 +236,12 @@ def plan_from_result(result: Any, catalog: Catalog, run_hours: float) -> Plan:
         "Spot groups are shown at the on-demand list price: an upper bound, spot prices float below it.",
         "Not included: data layer (S3 storage and requests, KMS, ECR), NAT data processing, EBS volumes.",
     ]
+    blocks = [g.name for g in groups if g.capacity_type == CAPACITY_BLOCK]
+    if blocks:
+        notes.append(f"Capacity Block groups ({', '.join(blocks)}) are paid up front, when the block is "
+                     "bought, for its whole duration (price: EC2 DescribeCapacityBlockOfferings); the "
+                     "$/h totals leave them out. Offline the block is assumed to match the config; "
+                     "`pulumi preview`/`up` check it against AWS.")
     if not compute:
         notes.insert(0, "ringtrain:compute is false: compute is down, only the data layer exists.")
     region = str(result.config.get("aws:region", ""))
