@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from importlib import metadata
@@ -44,3 +45,22 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[dist] = None
     return out
+
+
+def lowest_priority(pid: int) -> None:
+    """Niceness 19 for every thread process `pid` has, and so for those they start later (a thread
+    inherits its creator's). Linux keeps niceness per thread: setpriority(pid) alone would leave a
+    server's already running request threads (the local S3 store's) at normal priority. Under
+    autogroup scheduling niceness only weighs threads within a session; this leaves sessions alone."""
+    done: set[str] = set()
+    for _ in range(5):  # again for threads started meanwhile by threads not yet lowered
+        try:
+            tids = set(os.listdir(f"/proc/{pid}/task")) - done
+        except OSError:  # the process has gone
+            return
+        if not tids:
+            return
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+        done |= tids

@@ -61,8 +61,8 @@ def neighbour_slowdown(width: int, nbytes: int, pairs: int = 40, block_s: float 
     (idle, loaded / loaded, idle: ABBA) with a neighbour doing a `nbytes` checkpoint's CPU work."""
     import torch
 
+    from bench.machine import lowest_priority
     from bench.model import batch, build
-    from train.checkpoint_writer import lowest_priority
 
     if pairs < 1 or block_s <= 0:
         raise ValueError(f"pairs={pairs}, block_s={block_s}: need at least one pair and a positive block")

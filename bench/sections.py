@@ -16,7 +16,7 @@ import psutil
 
 from bench.compare import Contender, run_comparison
 from bench.launch import ROOT, BenchError
-from bench.machine import cpu_seconds
+from bench.machine import cpu_seconds, lowest_priority
 from bench.neighbour import neighbour_slowdown
 from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
 from bench.stats import median, paired_ratios
@@ -36,14 +36,13 @@ STORE_BUCKET = "bench"
 # writer): on AWS, S3's work happens on S3's machines, not on the training node, so here it should only
 # use what training leaves. The trainer's own side of every upload (the copy on the training thread;
 # serialization, hashing and boto3 in its writer process) is measured.
-STORE_PRIORITY = "nice 19, every thread and its session's autogroup (train.checkpoint_writer.lowest_priority)"
+STORE_PRIORITY = "nice 19, every thread (bench.machine.lowest_priority)"
 
 
 @contextlib.contextmanager
 def object_store():
     """A moto S3 server on loopback with the bench bucket, at the lowest priority; yields the store."""
     from cluster.local.objectstore import ObjectStore
-    from train.checkpoint_writer import lowest_priority
 
     with ObjectStore() as store:
         lowest_priority(store_pid(store))
@@ -321,8 +320,6 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
                 # checkpoints taken late because the previous write outlasted the interval (then the
                 # write is not within 4/5 of it either: no verdict)
                 "checkpoints_deferred": [r["checkpoints_deferred"] for r in records["checkpoints"]],
-                # per run: 1 where the state lived in the writer's shared memory (train.resident)
-                "checkpoint_relocations": [r["checkpoint_relocations"] for r in records["checkpoints"]],
                 "writer_cpu_per_checkpoint_s": writer_cpu,
                 "store_cpu_per_checkpoint_s": store_cpu,
                 "store_cpu_without_checkpoints_s": [r["store_cpu_s"] for r in records["no-checkpoints"]],

@@ -114,8 +114,6 @@ class TrainerRun:
             "checkpoints_deferred": summary["checkpoints_deferred"],
             "checkpoint_write_max_s": summary["checkpoint_write_max_s"],
             "checkpoint_write_cpu_s": summary["checkpoint_write_cpu_s"],  # the writer process's CPU
-            # 1: rank 0's state lived in the writer's shared memory (train.resident); 0: copied each time
-            "checkpoint_relocations": summary["checkpoint_relocations"],
             "cpus": summary["cpu_affinity"],  # rank 0's cores, as the trainer pinned them (or None)
             "run_id": run_id,
             "records": records,

@@ -18,6 +18,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 CPU_AFFINITIES = ("auto", "off")
 OPTIMIZERS = ("sgd", "adam")
+# How a checkpoint leaves the live tensors (train.checkpoint_writer), named as torchtitan names them.
+CHECKPOINT_MODES = ("async", "async_with_pinned_mem")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class CheckpointConfig:
     uri: str | None = None  # s3://bucket/prefix or a local directory; None: no checkpoints
     every: int = 0  # steps between checkpoints; 0: only at the end and on SIGTERM
     keep: int = 3
+    mode: str = "async"  # CHECKPOINT_MODES
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", default=None, help="s3://bucket/prefix or /local/dir")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end only)")
     p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--checkpoint-mode", choices=CHECKPOINT_MODES, default="async",
+                   help="async: rank 0 copies the state into the writer process's shared memory at the "
+                        "checkpoint's step; async_with_pinned_mem (GPU only): into page-locked memory with "
+                        "non-blocking copies that run beside the next step's forward and backward passes")
     p.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None,
                    help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
@@ -159,7 +166,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                               adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
                               cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
                               elastic=a.elastic),
-        checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints),
+        checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
+                                    mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
                               log_every=a.log_every, progress=not a.no_progress),
     )

@@ -27,7 +27,6 @@ from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_wo
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
 from train.model import build_model
-from train.resident import ResidentState
 from train.stop import STOP, StopRequest
 from train.storage import open_store
 
@@ -155,6 +154,9 @@ class Trainer:
             check_tensorboard_available()
         if cfg.precision == "fp16" and not self.on_gpu and not _cpu_fp16_autocast_works():
             raise BadInput("--precision fp16 needs a GPU here (CPU autocast lacks float16); use bf16 or fp32")
+        if cfg.checkpoint.mode == "async_with_pinned_mem" and not self.on_gpu:
+            raise BadInput("--checkpoint-mode async_with_pinned_mem needs a GPU (it stages the state in "
+                           "page-locked memory); use --checkpoint-mode async on CPU workers")
         if cfg.data.source != "synthetic":
             self.dataset = data_mod.load(cfg.data.source, cfg.s3_endpoint_url)
             self.sampler = data_mod.ShardedSampler(len(self.dataset), cfg.seed)
@@ -193,7 +195,8 @@ class Trainer:
     def writer(self) -> CheckpointWriter | None:
         if self._writer is None and self.checkpoints is not None and self.hvd.rank() == 0:
             self._writer = CheckpointWriter(self.checkpoints.store.uri, self.cfg.s3_endpoint_url,
-                                            self.cfg.checkpoint.keep, cpus=self.node_cpus)
+                                            self.cfg.checkpoint.keep, self.cfg.checkpoint.mode,
+                                            cpus=self.node_cpus)
         return self._writer
 
     def close_writer(self) -> None:
@@ -259,17 +262,10 @@ class Trainer:
         # gradient then, the stats' too.
         self.stats_ready = (self.optimizer._make_hook(self.step_stats)
                             if self.stats_in_gradients and self.optimizer._grad_accs else None)
-        # A checkpoint's copy runs beside the next step's forward and backward passes when nothing in
-        # them changes the state (train.checkpoint_writer): not with buffers that the forward pass
-        # updates (batch norm's statistics), not with Adasum, whose backward pass runs the optimizer,
-        # and not in elastic mode, where a reset restores the state mid-step.
-        self.copy_overlaps_step = not (any(True for _ in self.model.buffers()) or self.adasum_updates
-                                       or cfg.horovod.elastic)
-        # Where the copy can overlap the next step on the CPU, the state lives in memory the writer
-        # process maps, and it copies the state itself (train.resident): rank 0 moves it there at its
-        # first checkpoint.
-        self.resident = (ResidentState(self.model, self.optimizer, self.checkpoint_state)
-                         if self.copy_overlaps_step and not self.on_gpu else None)
+        # A pinned checkpoint copy (--checkpoint-mode async_with_pinned_mem) runs beside the next
+        # step's forward and backward passes, which only read the state: not with Adasum, whose
+        # backward pass runs the optimizer, nor in elastic mode, where a reset restores it mid-step.
+        self.copy_overlaps_step = not (self.adasum_updates or cfg.horovod.elastic)
         self.amp_dtype = autocast_dtype(cfg.precision)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
                          if self.amp_dtype is not None else nullcontext)
@@ -391,9 +387,8 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, progress, loss: float | None, defer_while_busy: bool = False) -> None:
-        """Rank 0 hands the state to its writer process, which writes it (train.checkpoint_writer; on
-        the CPU the writer copies a resident state itself, train.resident); no collective (the random
-        streams need no saving, see seed_step).
+        """Rank 0 hands the state to its writer process, which writes it (train.checkpoint_writer); no
+        collective (the random streams need no saving, see seed_step).
 
         `defer_while_busy` (periodic checkpoints): while the previous checkpoint is still being
         written, training goes on and the loop calls again at the next step; the checkpoint is taken
@@ -410,38 +405,21 @@ class Trainer:
                 self.checkpoint_deferred_steps_max = max(self.checkpoint_deferred_steps_max,
                                                          progress.step - self._deferred_since)
                 self._deferred_since = None
-            values = self.checkpoint_values(progress, loss)
-            if self.resident is not None:
-                # The optimizer's tensors are resident; its param groups (the learning rate) go each time.
-                values["optimizer"] = {"param_groups": self.optimizer.state_dict()["param_groups"]}
-                self.writer.submit_resident(progress.step, values, self.resident)
-            else:
-                self.writer.submit(progress.step, self.checkpoint_state(values))
-                if not self.copy_overlaps_step:
-                    self.writer.copied()
+            self.writer.submit(progress.step, self.checkpoint_state(progress, loss),
+                               forward_changes=self.model.buffers())
+            if not self.copy_overlaps_step:
+                self.writer.copied()
         progress.last_checkpoint_step = progress.step
 
-    def checkpoint_values(self, progress, loss: float | None) -> dict:
-        """A checkpoint's entries but the model's and the optimizer's (cheap: at every one)."""
+    def checkpoint_state(self, progress, loss: float | None) -> dict:
         return {
             "step": progress.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "sampler": {"epoch": progress.epoch, "offset": progress.offset},
             "world_size": self.hvd.size(),
             "loss": loss,
-        }
-
-    def checkpoint_state(self, values: dict) -> dict:
-        """The whole checkpoint: `values` with the model's and the optimizer's state dicts (one
-        optimizer.state_dict() call: a resident state's values carry its param groups, not needed here)."""
-        return {
-            "step": values["step"],
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": values["scaler"],
-            "sampler": values["sampler"],
-            "world_size": values["world_size"],
-            "loss": values["loss"],
         }
 
     def _defer(self, step: int) -> None:
@@ -538,9 +516,6 @@ class Trainer:
             "checkpoint_write_max_s": round(self.checkpoint_write_max_s, 6),
             # the writer process's CPU time over all writes (serialization, hashing, the upload's client)
             "checkpoint_write_cpu_s": round(self.checkpoint_write_cpu_s, 6),
-            # how often rank 0 moved its state into the writer's shared memory (train.resident): 0 where
-            # the training thread copies each checkpoint instead, 1 where nothing moved it since
-            "checkpoint_relocations": self.resident.relocations if self.resident is not None else 0,
             "world_size": hvd.size(),
             "interrupted": interrupted,
             "elastic_resets": self.elastic_resets,

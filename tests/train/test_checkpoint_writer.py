@@ -19,17 +19,9 @@ import pytest
 import torch
 
 from train import checkpoint as ckpt
-from train.checkpoint_writer import (
-    FAULT_COPY_DELAY_ENV,
-    CheckpointWriter,
-    CheckpointWriterError,
-    in_autogroup,
-    layout,
-    lowest_priority,
-    rebuild,
-    send_message,
-    serve,
-)
+from train.checkpoint_process import serve
+from train.checkpoint_wire import CheckpointWriterError, layout, rebuild, send_message
+from train.checkpoint_writer import CheckpointWriter
 from train.storage import open_store
 
 
@@ -103,35 +95,6 @@ def test_writes_what_torch_save_writes_of_the_state_at_submit(tmp_path):
     _assert_same(_state(1), found.state)
 
 
-@pytest.mark.parametrize("big", [True, False], ids=["over-the-overlap-size", "under-it"])
-def test_a_big_state_is_copied_beside_the_caller_until_copied(tmp_path, monkeypatch, big):
-    """A state of overlap_min_bytes or more is copied beside the caller (the trainer's next forward
-    and backward passes) until copied(): submit does not wait for the copy, copied() does. A smaller
-    one is copied in submit. Either way the bytes are the state at submit."""
-    monkeypatch.setenv(FAULT_COPY_DELAY_ENV, "0.5")  # the copy waits before it copies
-    live = _state(1)
-    nbytes = layout(live)[2]
-    writer = CheckpointWriter(str(tmp_path), None, keep=1, overlap_min_bytes=nbytes if big else nbytes + 1)
-    try:
-        writer.wait_ready()
-        expected = ckpt.serialize(_state(1))
-        start = time.perf_counter()
-        writer.submit(1, live)
-        submitted = time.perf_counter() - start
-        writer.copied()
-        copied = time.perf_counter() - start
-        live["model"]["w"].add_(100)
-        writer.copied()  # nothing in flight: returns at once
-        writer.wait()
-    finally:
-        writer.close()
-    if big:
-        assert submitted < 0.25 and copied >= 0.5, (submitted, copied)
-    else:
-        assert submitted >= 0.5 and copied - submitted < 0.25, (submitted, copied)
-    assert (tmp_path / "step-000000001" / "state.pt").read_bytes() == expected
-
-
 class _Unreadable(torch.Tensor):
     """A tensor whose copy fails, as one on a device that has failed would."""
 
@@ -142,17 +105,16 @@ class _Unreadable(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-@pytest.mark.parametrize("overlap_min_bytes", [0, 1 << 30], ids=["copy-thread", "in-submit"])
-def test_a_failed_copy_is_raised_and_the_next_checkpoint_still_reaches_the_child(tmp_path, overlap_min_bytes):
-    """An error in the copy comes back from copied() (and from wait(), which waits for it); the
-    child's new buffer, never sent, goes with the next checkpoint."""
-    writer = CheckpointWriter(str(tmp_path), None, keep=1, overlap_min_bytes=overlap_min_bytes)
+def test_a_failed_copy_is_raised_and_the_next_checkpoint_still_reaches_the_child(tmp_path):
+    """An error in the copy comes back from submit, nothing is in flight then, and the child's new
+    buffer, never sent, goes with the next checkpoint."""
+    writer = CheckpointWriter(str(tmp_path), None, keep=1)
     try:
         bad = _state(1)
         bad["model"]["w"] = bad["model"]["tied"] = torch.ones(8, 3).as_subclass(_Unreadable)
-        writer.submit(1, bad)
         with pytest.raises(RuntimeError, match="unreadable on purpose"):
-            writer.wait()
+            writer.submit(1, bad)
+        assert not writer.busy()
         writer.submit(2, _state(2))
         writer.wait()
         assert writer.written == 1
@@ -222,7 +184,7 @@ def test_a_submit_after_the_previous_write_is_done_counts_no_wait(tmp_path):
 def test_reading_a_reply_does_not_wake_the_idle_child(tmp_path):
     """The child waits for work in poll(POLLIN). Blocked in recv, it was woken each time the trainer
     read a reply (the reply's memory is the child's socket's, and freeing it signals write space),
-    a cross-core wakeup paid on the training thread (train.checkpoint_writer.serve)."""
+    a cross-core wakeup paid on the training thread (train.checkpoint_process.serve)."""
     writer = CheckpointWriter(str(tmp_path), None, keep=3)
     try:
         child = psutil.Process(writer._proc.pid)
@@ -252,9 +214,8 @@ def test_a_writer_killed_mid_write_is_an_error_not_a_hang(tmp_path, monkeypatch)
         with pytest.raises(CheckpointWriterError, match=r"exited \(exit status -9\) while writing "
                                                         r"checkpoint step 1"):
             writer.wait()
-        writer.submit(2, _state(2))  # the hand-over fails on the copy thread and comes back here:
         with pytest.raises(CheckpointWriterError, match="writer process is gone"):
-            writer.copied()
+            writer.submit(2, _state(2))
     finally:
         writer.close()
     assert not (tmp_path / "step-000000001" / "manifest.json").exists()
@@ -337,76 +298,30 @@ def test_a_trainer_gone_with_ready_unread_ends_the_writer_quietly(tmp_path):
         child.close()
 
 
-def test_lowest_priority_lowers_every_thread_the_process_already_has():
-    # Niceness is per thread on Linux: the local S3 store starts its request threads before the bench
-    # lowers it, and those threads did every checkpoint's work at normal priority.
-    code = ("import threading, time\n"
-            "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-            "print('ready', flush=True); time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def test_the_pinned_mode_is_refused_without_a_gpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: scripts/gpu-check runs the pinned mode")
+    with pytest.raises(CheckpointWriterError, match="async_with_pinned_mem needs a GPU"):
+        CheckpointWriter(str(tmp_path), None, keep=1, mode="async_with_pinned_mem")
+    with pytest.raises(ValueError, match="use one of async, async_with_pinned_mem"):
+        CheckpointWriter(str(tmp_path), None, keep=1, mode="sync")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (pinned staging); scripts/gpu-check")
+def test_pinned_copies_run_beside_the_next_kernels_and_keep_the_state_at_submit(tmp_path):
+    """A buffer changed by the next queued kernel (BatchNorm statistics) is still written as it was at
+    submit, and so is a parameter changed after copied()."""
+    writer = CheckpointWriter(str(tmp_path), None, keep=1, mode="async_with_pinned_mem")
     try:
-        assert proc.stdout.readline() == "ready\n"
-        lowest_priority(proc.pid)
-        threads = psutil.Process(proc.pid).threads()
-        assert len(threads) == 4
-        assert [psutil.Process(t.id).nice() for t in threads] == [19] * 4
+        param = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        stats = torch.zeros(4, device="cuda")
+        writer.submit(1, {"param": param, "stats": stats}, forward_changes=[stats])
+        stats.add_(1)  # the next forward pass, queued after submit
+        writer.copied()
+        param.add_(1)  # the optimizer step
+        writer.wait()
     finally:
-        proc.kill()
-        proc.wait()
-
-
-def _autogroup_nice(pid: int) -> int:
-    with open(f"/proc/{pid}/autogroup") as f:  # "/autogroup-123 nice 0"
-        return int(f.read().split()[-1])
-
-
-def _autogroup_applies() -> bool:
-    try:
-        return in_autogroup(os.getpid())
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _autogroup_applies(),
-                    reason="no autogroup scheduling here: no /proc/self/autogroup, or it is empty because "
-                           "this process runs in a cgroup of its own, where only niceness per thread counts")
-def test_lowest_priority_lowers_the_session_of_a_process_that_leads_its_own():
-    """Under autogroup scheduling niceness only counts within a session: the local S3 store, in a
-    session of its own, needs its session's group lowered; a process in the caller's session (the
-    checkpoint writer) must not lower the caller's group."""
-    code = "import time; print('ready', flush=True); time.sleep(60)\n"
-    own = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    ours = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        before = _autogroup_nice(os.getpid())
-        for proc in (own, ours):
-            assert proc.stdout.readline() == "ready\n"
-            lowest_priority(proc.pid)
-        assert _autogroup_nice(own.pid) == 19
-        assert _autogroup_nice(ours.pid) == _autogroup_nice(os.getpid()) == before
-        assert psutil.Process(ours.pid).nice() == 19  # lowered within the session, per thread
-    finally:
-        for proc in (own, ours):
-            proc.kill()
-            proc.wait()
-
-
-def test_lowest_priority_leaves_the_group_alone_where_autogroups_do_not_apply(monkeypatch):
-    """In a cgroup of its own (a container, a CI runner) /proc/<pid>/autogroup reads empty: the group
-    write would change nothing and spend the machine's one change a second (then a 1 s retry)."""
-    from train import checkpoint_writer
-    written: list[int] = []
-    monkeypatch.setattr(checkpoint_writer, "in_autogroup", lambda pid: False)
-    monkeypatch.setattr(checkpoint_writer, "_nice_autogroup", written.append)
-    code = "import time; print('ready', flush=True); time.sleep(60)\n"
-    own = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        assert own.stdout.readline() == "ready\n"
-        lowest_priority(own.pid)
-        assert written == []
-        assert psutil.Process(own.pid).nice() == 19
-    finally:
-        own.kill()
-        own.wait()
+        writer.close()
+    found = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1).latest_valid()
+    assert torch.equal(found.state["stats"], torch.zeros(4))
+    assert torch.equal(found.state["param"], torch.arange(1 << 20, dtype=torch.float32))

@@ -18,6 +18,7 @@ from train.trainer import lr_at, step_seed
 def test_defaults_parse():
     cfg = parse_args([])
     assert cfg.data.source == "synthetic" and cfg.model.name == "mlp" and cfg.checkpoint.uri is None
+    assert cfg.checkpoint.mode == "async"
 
 
 def test_flags_reach_the_config_tree():
@@ -25,11 +26,13 @@ def test_flags_reach_the_config_tree():
                       "--backward-passes-per-step", "2", "--fusion-threshold-mb", "16",
                       "--cycle-time-ms", "2.5",
                       "--checkpoint-dir", "s3://b/ck", "--checkpoint-every", "5", "--keep-checkpoints", "2",
+                      "--checkpoint-mode", "async_with_pinned_mem",
                       "--precision", "bf16", "--clip-grad-norm", "1.0", "--elastic", "--log-every", "3"])
     assert (cfg.model.name, cfg.steps, cfg.data.batch_size) == ("cnn", 7, 4)
     assert cfg.horovod.compression == "fp16" and cfg.horovod.backward_passes_per_step == 2
     assert cfg.horovod.fusion_threshold_mb == 16 and cfg.horovod.cycle_time_ms == 2.5 and cfg.horovod.elastic
     assert (cfg.checkpoint.uri, cfg.checkpoint.every, cfg.checkpoint.keep) == ("s3://b/ck", 5, 2)
+    assert cfg.checkpoint.mode == "async_with_pinned_mem"
     assert cfg.precision == "bf16" and cfg.optim.clip_grad_norm == 1.0 and cfg.metrics.log_every == 3
 
 
@@ -53,6 +56,7 @@ def test_endpoint_defaults_to_aws_endpoint_url(monkeypatch):
     (["--gradient-groups", "2", "--elastic"], "--gradient-groups 2 with --elastic: a joining worker"),
     (["--gradient-groups", "1", "--adasum"], "--gradient-groups 1 with --adasum"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--checkpoint-mode", "overlap"], "--checkpoint-mode: invalid choice: 'overlap'"),
 ])
 def test_bad_arguments_name_the_problem(argv, says):
     with pytest.raises(BadInput, match=None) as e:
