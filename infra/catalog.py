@@ -18,13 +18,13 @@ class CatalogError(Exception):
 
 
 class GpuShape(NamedTuple):
-    """What makes two instance types interchangeable for one synchronous ring-allreduce job.
+    """What makes two instance types interchangeable for one synchronous data-parallel job.
 
     GPU count per instance, GPU model and memory per GPU. Two types of the same shape (g5.12xlarge and
     g5.24xlarge: 4 x A10G 24 GiB) differ only in host CPU and memory, so a job spread over both runs at
     one speed and fits the same model. Same count and memory but another model (g5.12xlarge A10G vs
     g6.12xlarge L4, both 4 x 24 GiB) is NOT the same shape: L4 has half the memory bandwidth of A10G,
-    so every ring step waits for the slower GPUs, and the image must target two CUDA architectures.
+    so every allreduce waits for the slower GPUs, and the image must target two CUDA architectures.
     """
 
     gpus: int

@@ -8,7 +8,7 @@ GPU groups: AL2023 NVIDIA AMI, the `nvidia.com/gpu` NoSchedule taint, and labels
 device plugins select on. EFA groups (FIELD_NOTES §1): one interface per network card laid out by
 infra/efa.py, every interface in the node and EFA security groups, a `cluster` placement group
 unless the group opts out (capacity reservations), and only the subnet of the single GPU AZ.
-Non-EFA GPU groups also stay in the GPU AZ: a ring-allreduce across AZs pays cross-AZ latency and
+Non-EFA GPU groups also stay in the GPU AZ: an allreduce across AZs pays cross-AZ latency and
 $0.01/GB each way on every gradient exchange.
 
 Capacity Blocks for ML (`capacityType: CAPACITY_BLOCK`): the node group's capacity type is

@@ -20,6 +20,11 @@ CPU_AFFINITIES = ("auto", "off")
 OPTIMIZERS = ("sgd", "adam")
 # How a checkpoint leaves the live tensors (train.checkpoint_writer), named as torchtitan names them.
 CHECKPOINT_MODES = ("async", "async_with_pinned_mem")
+# --nccl-algo: the value of NCCL_ALGO each choice sets. Without it NCCL picks per collective (ring, tree
+# or, where the hardware has them, CollNet/NVLS; NVIDIA/nccl#790, NVIDIA/nccl-tests#196: two nodes
+# often get tree). Gloo on CPU workers always runs a ring (gloo/allreduce.cc), so the flag changes GPU
+# runs only.
+NCCL_ALGOS = {"ring": "Ring", "tree": "Tree"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class HorovodConfig:
     cycle_time_ms: float | None = None  # None: $HOROVOD_CYCLE_TIME, else 0.05 ms on CPU, Horovod's 1 on GPU
     gradient_groups: int | None = None  # None: 1 on CPU workers, 0 (per-gradient) on GPU, elastic, Adasum
     elastic: bool = False
+    nccl_algo: str | None = None  # a key of NCCL_ALGOS; None: NCCL chooses (or $NCCL_ALGO decides)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m train",
-        description="Horovod ring-allreduce trainer. Rank 0 ends with one line `RINGTRAIN_SUMMARY {json}`.",
+        description="Horovod data-parallel trainer: gradients are averaged by allreduce, over NCCL on GPUs "
+                    "(ring or tree, NCCL's choice; --nccl-algo fixes it) and over Gloo's ring on CPUs. "
+                    "Rank 0 ends with one line `RINGTRAIN_SUMMARY {json}`.",
         epilog=f"exit codes: 0 done; {EXIT_INTERRUPTED_RESUMABLE} stopped by SIGTERM after writing a "
                f"checkpoint (resumable: run the same command again); {EXIT_BAD_INPUT} bad input (arguments, "
                "dataset, endpoint, credentials), on every rank.",
@@ -136,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(Horovod's groups); 0: each gradient as soon as it is ready, fused per cycle "
                         "(Horovod's default). Default: 1 on CPU workers, 0 on GPUs and with --elastic "
                         "or --adasum")
+    p.add_argument("--nccl-algo", choices=tuple(NCCL_ALGOS), default=None,
+                   help="GPU workers: the allreduce algorithm NCCL must use (sets NCCL_ALGO=Ring or Tree). "
+                        "Default: $NCCL_ALGO if set, else NCCL chooses per collective (ring or tree). CPU "
+                        "workers reduce over Gloo, always a ring")
     p.add_argument("--cpu-affinity", choices=CPU_AFFINITIES, default="auto",
                    help="auto: pin each CPU worker's threads to its share of the host's cores (GPU workers "
                         "are never pinned); off: leave placement to the OS")
@@ -165,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
                               adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
                               cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
-                              elastic=a.elastic),
+                              elastic=a.elastic, nccl_algo=a.nccl_algo),
         checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
                                     mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,

@@ -22,7 +22,7 @@ from cluster.job import EXIT_INTERRUPTED_RESUMABLE
 from train import checkpoint as ckpt
 from train import data as data_mod
 from train.checkpoint_writer import CheckpointWriter
-from train.config import TrainConfig
+from train.config import NCCL_ALGOS, TrainConfig
 from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
@@ -51,8 +51,11 @@ class RunResult:
 
 
 def configure_horovod_env(cfg: TrainConfig, on_gpu: bool, environ=os.environ) -> None:
-    """Horovod reads its tuning knobs from the environment at hvd.init(). A flag wins over the
-    environment; the environment wins over our CPU default."""
+    """Horovod reads its tuning knobs from the environment at hvd.init(), NCCL its NCCL_ALGO when Horovod
+    creates its communicators (after hvd.init()). A flag wins over the environment; the environment wins
+    over our CPU default."""
+    if cfg.horovod.nccl_algo is not None:
+        environ["NCCL_ALGO"] = NCCL_ALGOS[cfg.horovod.nccl_algo]
     if cfg.horovod.fusion_threshold_mb is not None:
         environ["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.horovod.fusion_threshold_mb * 1024 * 1024))
     if cfg.horovod.cycle_time_ms is not None:
