@@ -5,15 +5,16 @@ cluster that has nodes, it reads every running node's GPU utilisation from Cloud
 Insights and decides with `idle_verdict` (pure). The group's desired size is set to its minimum (0:
 config requires it for GPU groups) with eks:UpdateNodegroupConfig only on positive evidence of
 idleness: every node is older than the idle window plus a start-up grace, every node reported GPU
-utilisation for most of the window, and no GPU on any node reached the threshold in it. The node
-group's desired size is ignored by `pulumi up` (infra/nodegroups.py), so the next deployment does not
-bring the nodes back.
+utilisation for most of the window and up to its last minutes, and no GPU on any node reached the
+threshold in it. The node group's desired size is ignored by `pulumi up` (infra/nodegroups.py), so
+the next deployment does not bring the nodes back.
 
-Never on absence of evidence. A node whose GPU telemetry is missing (or covers less than
-MIN_GPU_COVERAGE of the window) keeps its group up, however quiet it looks otherwise; once such a
-node is past the window plus grace, the guard publishes one notice naming it to the stack's alert
-topic (SNS, e-mailed to costGuard.notificationEmail) and tags the instance so the notice is not
-repeated every run. A job may run there unwatched: an operator decides.
+Never on absence of evidence. A node whose GPU telemetry is missing, covers less than
+MIN_GPU_COVERAGE of the window, or stopped more than MAX_GPU_LAG_MINUTES ago keeps its group up,
+however quiet it looks otherwise; once such a node is past the window plus grace, the guard
+publishes one notice naming it to the stack's alert topic (SNS, e-mailed to
+costGuard.notificationEmail) and tags the instance so the notice is not repeated every run. A job
+may run there unwatched: an operator decides.
 
 How the GPU metric is read. The CloudWatch agent (amazon-cloudwatch-observability add-on) publishes
 `node_gpu_utilization` in namespace ContainerInsights under the dimension sets {ClusterName},
@@ -38,7 +39,7 @@ preprocessing step) needs a longer window. Anchors for the window: ParallelClust
 10 min, SkyPilot autostop 5-10 min (FIELD_NOTES §4).
 
 Every verdict is logged as one JSON line with its evidence per node: GPU peak, GPU minutes covered,
-CPU peak, age.
+newest GPU datapoint's age, CPU peak, age.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ PERIOD_SECONDS = 60
 # Half leaves room for the newest minutes still in flight (EMF -> CloudWatch Logs -> metrics) and for
 # a dropped datapoint; a node whose telemetry stopped for most of the window is unwatched.
 MIN_GPU_COVERAGE = 0.5
+# The newest GPU datapoint must be at most this old: telemetry that stopped mid-window says nothing
+# about the minutes since (a job may have started then). EMF datapoints reach CloudWatch metrics
+# within a minute or two of the agent's 60 s flush, so 5 minutes leaves room for a late one.
+MAX_GPU_LAG_MINUTES = 5
 # Tag set on an instance once its missing telemetry was notified (the guard keeps no other state).
 NOTIFIED_TAG = "ringtrain:gpu-telemetry-notified"
 MAX_QUERIES_PER_CALL = 500  # GetMetricData limit
@@ -103,6 +108,7 @@ class NodeActivity:
     launched_at: datetime
     gpu_peak: float | None  # highest 1-minute Maximum GPU utilisation (%); None: no datapoint
     gpu_minutes: int = 0  # 1-minute periods of the window that carry a GPU datapoint
+    gpu_newest: datetime | None = None  # time of the newest GPU datapoint
     cpu_peak: float | None = None  # highest EC2 CPU utilisation (%): logged, not decided on
     node_name: str = ""
     notified: bool = False  # its missing GPU telemetry was notified already
@@ -114,6 +120,7 @@ class NodeFinding:
     state: str  # "starting", "busy", "unwatched" (GPU telemetry missing) or "idle"
     gpu_peak: float | None
     gpu_minutes: int
+    gpu_lag_minutes: float | None  # age of the newest GPU datapoint
     cpu_peak: float | None
     age_minutes: float
 
@@ -129,6 +136,10 @@ class Verdict:
         return [asdict(n) for n in self.nodes]
 
 
+def _minutes(delta: timedelta) -> float:
+    return round(delta.total_seconds() / 60, 1)
+
+
 def required_gpu_minutes(idle_minutes: int) -> int:
     return max(1, math.ceil(idle_minutes * MIN_GPU_COVERAGE))
 
@@ -140,6 +151,7 @@ def idle_verdict(nodes: list[NodeActivity], now: datetime, idle_minutes: int, th
         return Verdict(False, "no running nodes", ())
     settle = timedelta(minutes=idle_minutes + grace_minutes)
     needed = required_gpu_minutes(idle_minutes)
+    lag_allowed = timedelta(minutes=MAX_GPU_LAG_MINUTES)
     findings: list[NodeFinding] = []
     reasons: list[str] = []
     notify: list[str] = []
@@ -151,16 +163,23 @@ def idle_verdict(nodes: list[NodeActivity], now: datetime, idle_minutes: int, th
         elif node.gpu_peak is not None and node.gpu_peak >= threshold:
             state = "busy"
             reasons.append(f"{node.instance_id} GPU peaked at {node.gpu_peak:.1f}% (threshold {threshold}%)")
-        elif node.gpu_peak is None or node.gpu_minutes < needed:
+        elif node.gpu_peak is None or node.gpu_newest is None:
+            state = "unwatched"
+            reasons.append(f"{node.instance_id} has no GPU telemetry in the last {idle_minutes} min: "
+                           "not judged idle")
+        elif node.gpu_minutes < needed or now - node.gpu_newest > lag_allowed:
             state = "unwatched"
             reasons.append(f"{node.instance_id} has GPU telemetry for {node.gpu_minutes} of the last "
-                           f"{idle_minutes} min (needs {needed}): not judged idle")
-            if not node.notified:
-                notify.append(node.instance_id)
+                           f"{idle_minutes} min, the newest {_minutes(now - node.gpu_newest):g} min old "
+                           f"(needs {needed} min, the newest at most {MAX_GPU_LAG_MINUTES} min old): "
+                           "not judged idle")
         else:
             state = "idle"
-        findings.append(NodeFinding(node.instance_id, state, node.gpu_peak, node.gpu_minutes, node.cpu_peak,
-                                    round(age.total_seconds() / 60, 1)))
+        if state == "unwatched" and not node.notified:
+            notify.append(node.instance_id)
+        lag = None if node.gpu_newest is None else _minutes(now - node.gpu_newest)
+        findings.append(NodeFinding(node.instance_id, state, node.gpu_peak, node.gpu_minutes, lag,
+                                    node.cpu_peak, _minutes(age)))
     if reasons:
         return Verdict(False, "; ".join(reasons), tuple(findings), tuple(notify))
     return Verdict(True, f"{len(nodes)} node(s) below {threshold}% GPU utilisation for {idle_minutes} min",
@@ -202,9 +221,11 @@ def cpu_metric(instance: dict[str, Any]) -> dict[str, Any]:
             "Dimensions": [{"Name": "InstanceId", "Value": instance["InstanceId"]}]}
 
 
-def _series(cloudwatch, metrics: list[dict[str, Any]], start: datetime, end: datetime) -> list[list[float]]:
-    """The 1-minute Maximum datapoints of each metric between start and end, in the order given."""
-    values: list[list[float]] = [[] for _ in metrics]
+def _series(cloudwatch, metrics: list[dict[str, Any]], start: datetime,
+            end: datetime) -> list[list[tuple[datetime, float]]]:
+    """The 1-minute Maximum datapoints (time, value) of each metric between start and end, in the
+    order given."""
+    points: list[list[tuple[datetime, float]]] = [[] for _ in metrics]
     for offset in range(0, len(metrics), MAX_QUERIES_PER_CALL):
         chunk = metrics[offset:offset + MAX_QUERIES_PER_CALL]
         queries = [{"Id": f"m{offset + i}", "ReturnData": True,
@@ -214,8 +235,9 @@ def _series(cloudwatch, metrics: list[dict[str, Any]], start: datetime, end: dat
             MetricDataQueries=queries, StartTime=start, EndTime=end)
         for page in pages:  # the paginator follows NextToken until every query is complete
             for result in page["MetricDataResults"]:
-                values[int(result["Id"][1:])].extend(result.get("Values", []))
-    return values
+                points[int(result["Id"][1:])].extend(
+                    zip(result.get("Timestamps", []), result.get("Values", []), strict=True))
+    return points
 
 
 def node_activity(cloudwatch, cluster: str, instances: list[dict[str, Any]], start: datetime,
@@ -235,11 +257,12 @@ def node_activity(cloudwatch, cluster: str, instances: list[dict[str, Any]], sta
     out = []
     for inst, (gpu_slot, cpu_slot) in zip(instances, slots, strict=True):
         gpu = [] if gpu_slot is None else series[gpu_slot]
-        cpu = series[cpu_slot]
+        cpu = [value for _, value in series[cpu_slot]]
         tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
         out.append(NodeActivity(
             instance_id=inst["InstanceId"], launched_at=inst["LaunchTime"],
-            gpu_peak=max(gpu) if gpu else None, gpu_minutes=len(gpu),
+            gpu_peak=max(v for _, v in gpu) if gpu else None, gpu_minutes=len(gpu),
+            gpu_newest=max(t for t, _ in gpu) if gpu else None,
             cpu_peak=max(cpu) if cpu else None, node_name=inst.get("PrivateDnsName", ""),
             notified=NOTIFIED_TAG in tags))
     return out
@@ -258,14 +281,15 @@ def notify_unwatched(clients: dict[str, Any], settings: GuardSettings, node_grou
     for instance_id in verdict.notify:
         node, finding = by_id[instance_id], findings[instance_id]
         cpu = "none" if node.cpu_peak is None else f"{node.cpu_peak:.1f}%"
+        newest = "none" if finding.gpu_lag_minutes is None else f"{finding.gpu_lag_minutes:g} min ago"
         clients["sns"].publish(
             TopicArn=settings.alert_topic_arn,
             Subject=f"ringtrain cost guard: no GPU telemetry from {instance_id}"[:100],
             Message=(
                 f"Node {node.node_name or '?'} ({instance_id}) of node group {node_group} in cluster "
                 f"{settings.cluster_name} has been up {finding.age_minutes:.0f} min and reported GPU "
-                f"utilisation for {node.gpu_minutes} of the last {settings.idle_minutes} min "
-                f"(CloudWatch {METRIC_NAMESPACE}/{GPU_METRIC}); its CPU peaked at {cpu}.\n"
+                f"utilisation (CloudWatch {METRIC_NAMESPACE}/{GPU_METRIC}) for {node.gpu_minutes} of the "
+                f"last {settings.idle_minutes} min, newest datapoint: {newest}; its CPU peaked at {cpu}.\n"
                 "The cost guard does not scale a group down without GPU evidence, so this node keeps "
                 "running and billing until someone looks. Check the amazon-cloudwatch-observability "
                 "pods (CloudWatch agent, DCGM exporter) on that node, or scale the group down if no job "

@@ -24,12 +24,14 @@ OLD = NOW - timedelta(hours=2)
 WINDOW, THRESHOLD, GRACE = 15, 5.0, 10
 
 
-def node(iid="i-1", launched=OLD, peak=None, cpu=None, minutes=None, notified=False):
-    """A node's evidence; GPU data covers the whole window unless told otherwise (None: no GPU data)."""
+def node(iid="i-1", launched=OLD, peak=None, cpu=None, minutes=None, lag=1, notified=False):
+    """A node's evidence; GPU data covers the whole window up to `lag` minutes ago unless told otherwise
+    (peak None: no GPU data)."""
     if minutes is None:
         minutes = WINDOW if peak is not None else 0
+    newest = NOW - timedelta(minutes=lag) if peak is not None else None
     return NodeActivity(instance_id=iid, launched_at=launched, gpu_peak=peak, gpu_minutes=minutes,
-                        cpu_peak=cpu, notified=notified)
+                        gpu_newest=newest, cpu_peak=cpu, notified=notified)
 
 
 def verdict(nodes):
@@ -42,7 +44,7 @@ def verdict(nodes):
 def test_busy_job_with_gpu_telemetry_missing_is_not_idle():
     # 8 Horovod ranks keep a p5 at ~4 % CPU: below the old shared 5 % threshold, which scaled it away.
     v = verdict([node("i-busy", peak=None, cpu=4.2)])
-    assert not v.idle and "i-busy has GPU telemetry for 0 of the last 15 min" in v.why
+    assert not v.idle and v.why == "i-busy has no GPU telemetry in the last 15 min: not judged idle"
     assert v.notify == ("i-busy",)
 
 
@@ -71,8 +73,18 @@ def test_one_busy_node_of_two_is_not_idle():
 def test_gpu_data_for_less_than_half_the_window_is_not_evidence_of_idleness():
     assert required_gpu_minutes(WINDOW) == 8
     v = verdict([node("i-1", peak=0.0, minutes=7)])
-    assert not v.idle and "for 7 of the last 15 min (needs 8)" in v.why and v.notify == ("i-1",)
+    assert not v.idle and v.notify == ("i-1",)
+    assert v.why == ("i-1 has GPU telemetry for 7 of the last 15 min, the newest 1 min old (needs 8 min, "
+                     "the newest at most 5 min old): not judged idle")
     assert verdict([node("i-1", peak=0.0, minutes=8)]).idle
+
+
+def test_gpu_telemetry_that_stopped_is_not_evidence_of_the_minutes_since():
+    # Idle for the first 9 minutes, then silent: a job may have started when the agent stopped.
+    v = verdict([node("i-1", peak=0.0, minutes=9, lag=6)])
+    assert not v.idle and "the newest 6 min old" in v.why and v.notify == ("i-1",)
+    assert v.nodes[0].gpu_lag_minutes == 6.0
+    assert verdict([node("i-1", peak=0.0, minutes=9, lag=5)]).idle
 
 
 def test_a_node_is_notified_once():
@@ -90,7 +102,7 @@ def test_not_idle_while_a_node_is_younger_than_window_plus_grace():
 def test_evidence_names_gpu_peak_cpu_peak_and_age_per_node():
     v = verdict([node("i-1", peak=2.0, cpu=1.5)])
     assert v.evidence() == [{"instance_id": "i-1", "state": "idle", "gpu_peak": 2.0, "gpu_minutes": 15,
-                             "cpu_peak": 1.5, "age_minutes": 120.0}]
+                             "gpu_lag_minutes": 1.0, "cpu_peak": 1.5, "age_minutes": 120.0}]
 
 
 def test_no_nodes_is_nothing_to_do():
