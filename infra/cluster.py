@@ -27,38 +27,29 @@ from infra import iam
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 CONTROL_PLANE_LOG_RETENTION_DAYS = 30
 
-# Pinned EKS add-on versions per Kubernetes version (checked 2025-11; verify before upgrading with
-# `aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name>`). Sources: EKS user
-# guide pages managing-vpc-cni, managing-coredns, managing-kube-proxy; cdk-eks-blueprints version maps
-# for eks-pod-identity-agent; CloudWatch user guide (install-CloudWatch-Observability-EKS-addon).
-ADDON_VERSIONS: dict[str, dict[str, str]] = {
-    "1.31": {
-        "vpc-cni": "v1.20.1-eksbuild.3",
-        "kube-proxy": "v1.31.13-eksbuild.2",
-        "coredns": "v1.11.4-eksbuild.24",
-        "eks-pod-identity-agent": "v1.3.4-eksbuild.1",
-        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
+# Pinned EKS add-on versions per Kubernetes version. Sources (read 2026-12-06), EKS user guide tables
+# "latest version of the Amazon EKS add-on type for each Kubernetes version":
+#   kube-proxy: managing-kube-proxy (1.36 v1.36.0-eksbuild.14, 1.35 v1.35.3-eksbuild.13)
+#   coredns:    managing-coredns    (1.36 and 1.35 v1.14.3-eksbuild.3)
+# None: no source this project could reach lists a version of that add-on for that Kubernetes
+# version, so none is guessed: the add-on is created without addonVersion, EKS installs its default
+# version for the cluster's Kubernetes version (DescribeAddonVersions `defaultVersion`), and later
+# runs keep it (the provider reads the installed version back; no diff). Pin it here once
+# `aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name>` or the guide lists it.
+ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
+    "1.35": {
+        "vpc-cni": None,
+        "kube-proxy": "v1.35.3-eksbuild.13",
+        "coredns": "v1.14.3-eksbuild.3",
+        "eks-pod-identity-agent": None,
+        "amazon-cloudwatch-observability": None,
     },
-    "1.32": {
-        "vpc-cni": "v1.20.1-eksbuild.3",
-        "kube-proxy": "v1.32.9-eksbuild.2",
-        "coredns": "v1.11.4-eksbuild.24",
-        "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
-        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
-    },
-    "1.33": {
-        "vpc-cni": "v1.20.1-eksbuild.3",
-        "kube-proxy": "v1.33.5-eksbuild.2",
-        "coredns": "v1.12.4-eksbuild.1",
-        "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
-        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
-    },
-    "1.34": {
-        "vpc-cni": "v1.20.1-eksbuild.3",
-        "kube-proxy": "v1.34.1-eksbuild.2",
-        "coredns": "v1.12.4-eksbuild.1",
-        "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
-        "amazon-cloudwatch-observability": "v6.2.0-eksbuild.1",
+    "1.36": {
+        "vpc-cni": None,
+        "kube-proxy": "v1.36.0-eksbuild.14",
+        "coredns": "v1.14.3-eksbuild.3",
+        "eks-pod-identity-agent": None,
+        "amazon-cloudwatch-observability": None,
     },
 }
 # Add-ons every node needs before it can become Ready (networking, service routing, pod credentials):
@@ -77,7 +68,7 @@ def cluster_name(stack: str) -> str:
     return f"ringtrain-{stack}"[:100]
 
 
-def addon_versions(kubernetes_version: str) -> dict[str, str]:
+def addon_versions(kubernetes_version: str) -> dict[str, str | None]:
     try:
         return dict(ADDON_VERSIONS[kubernetes_version])
     except KeyError:
@@ -120,6 +111,7 @@ class ClusterInputs:
     stack: str
     region: str
     kubernetes_version: str
+    support_type: str
     public_access_cidrs: Sequence[str]
     service_cidr: str
     subnet_ids: pulumi.Input[Sequence[str]]
@@ -168,6 +160,8 @@ class EksCluster(pulumi.ComponentResource):
             f"{name}-eks",
             name=self.name,
             version=args.kubernetes_version,
+            # EKS defaults to EXTENDED (UpgradePolicyRequest): see infra/config.py ClusterConfig.
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.support_type),
             role_arn=self.role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=args.subnet_ids,

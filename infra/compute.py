@@ -59,6 +59,7 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         stack=stack,
         region=settings.region,
         kubernetes_version=cfg.cluster.kubernetes_version,
+        support_type=cfg.cluster.support_type,
         public_access_cidrs=cfg.cluster.public_access_cidrs,
         service_cidr=cfg.network.kubernetes_service_cidr,
         subnet_ids=network.private_subnet_ids,

@@ -32,7 +32,10 @@ REGION_KEY = "aws:region"
 REGION_RE = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 # Upper bound of an EKS managed node group (service quota "nodes per managed node group": 450).
 MAX_GROUP_NODES = 450
-SUPPORTED_KUBERNETES = ("1.31", "1.32", "1.33", "1.34")
+# Kubernetes versions in EKS standard support (14 months from release) on 2026-12-06 with add-on
+# versions pinned in infra/cluster.py ADDON_VERSIONS. 1.31-1.34 left standard support (1.34 on
+# 2026-12-02; EKS user guide kubernetes-versions, release calendar) and would bill extended support.
+SUPPORTED_KUBERNETES = ("1.35", "1.36")
 
 
 class ConfigError(Exception):
@@ -126,8 +129,19 @@ class SystemNodesConfig(NodeCounts):
     instance_type: str = Field(description="a CPU instance type from infra/catalog.yaml")
 
 
+_VERSION_HELP = (f"one of {', '.join(SUPPORTED_KUBERNETES)} (a quoted string; older versions are past EKS "
+                 "standard support; README 'Upgrading Kubernetes' says how to move a stack)")
+
+
 class ClusterConfig(_Section):
-    kubernetes_version: str = Field(description=f"one of {', '.join(SUPPORTED_KUBERNETES)} (a quoted string)")
+    kubernetes_version: str = Field(description=_VERSION_HELP)
+    # EKS UpgradePolicyRequest.supportType: "The default value is EXTENDED"; a version past standard
+    # support then bills $0.60/h per cluster instead of $0.10/h. STANDARD makes EKS upgrade the
+    # control plane at the end of standard support instead.
+    support_type: Literal["STANDARD", "EXTENDED"] = Field(
+        default="STANDARD",
+        description="STANDARD (EKS upgrades the cluster when standard support ends) or EXTENDED "
+                    "(keeps the version, billed at the extended-support rate)")
     public_access_cidrs: list[str] = Field(
         default_factory=list,
         description="IPv4 CIDRs allowed to reach the public API endpoint; [] = private endpoint only; "
@@ -154,7 +168,7 @@ class ClusterConfig(_Section):
     @classmethod
     def _version(cls, value: str) -> str:
         if value not in SUPPORTED_KUBERNETES:
-            raise ValueError(f"one of {', '.join(SUPPORTED_KUBERNETES)} (a quoted string)")
+            raise ValueError(_VERSION_HELP)
         return value
 
 

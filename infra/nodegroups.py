@@ -217,6 +217,9 @@ class NodeGroups(pulumi.ComponentResource):
             instance_types=instance_types,
             capacity_type=capacity_type,
             ami_type=ami_type,
+            # Follow the control plane: after a `cluster.kubernetesVersion` change EKS rolls the
+            # nodes to the same minor version (without it a group stays on its creation version).
+            version=cluster.cluster.version,
             labels=labels,
             taints=[aws.eks.NodeGroupTaintArgs(**t) for t in taints],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(

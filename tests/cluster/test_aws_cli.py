@@ -89,7 +89,7 @@ def validate_schemas(manifest):
     pytest.importorskip("kubernetes_validate")
     from cluster.schemas import validate_mpijob
 
-    validate_mpijob(manifest, "1.33")
+    validate_mpijob(manifest, "1.36")
 
 
 def test_submit_argument_errors(outputs_file):

@@ -29,7 +29,7 @@ from cluster.mpijob import (
 from cluster.schemas import CRD_PATH, validate_mpijob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-KUBERNETES_VERSION = "1.33"  # the committed stacks' ringtrain:cluster.kubernetesVersion
+KUBERNETES_VERSION = "1.36"  # the committed stacks' ringtrain:cluster.kubernetesVersion
 
 NS = "training"
 SA = "ringtrain-trainer"

@@ -89,6 +89,31 @@ def test_every_kubernetes_provider_names_a_context_of_its_kubeconfig_under_stric
             assert context in defined, (provider.name, context, defined)
 
 
+# -- EKS -------------------------------------------------------------------------------------------
+
+
+def test_every_cluster_runs_a_standard_support_version_with_standard_upgrade_policy(stack):
+    """UpgradePolicyRequest.supportType: "The default value is EXTENDED" (EKS API reference); a version
+    past its 14 months of standard support then bills $0.60/h instead of $0.10/h."""
+    from infra.cluster import ADDON_VERSIONS
+    from infra.config import SUPPORTED_KUBERNETES
+
+    clusters = stack.of_type("aws:eks/cluster:Cluster")
+    assert clusters
+    for eks in clusters:
+        assert (eks.inputs.get("upgradePolicy") or {}).get("supportType") == "STANDARD", eks.name
+        version = eks.inputs["version"]
+        assert version in SUPPORTED_KUBERNETES
+        addons = {a.inputs["addonName"]: a.inputs.get("addonVersion")
+                  for a in stack.of_type("aws:eks/addon:Addon")
+                  if a.inputs["clusterName"] == eks.inputs["name"]}
+        assert addons == ADDON_VERSIONS[version]
+        # Node groups follow the control plane (kubelet may not be newer than the API server).
+        groups = [g for g in stack.of_type("aws:eks/nodeGroup:NodeGroup")
+                  if g.inputs["clusterName"] == eks.inputs["name"]]
+        assert groups and all(g.inputs.get("version") == version for g in groups)
+
+
 # -- Node credentials ------------------------------------------------------------------------------
 
 

@@ -188,7 +188,8 @@ def test_cluster_api_auth_kms_secrets_logging_endpoint_and_pinned_addons(stack):
     assert vpc["subnetIds"] == result.exports["privateSubnetIds"]
     assert eks.inputs["version"] == cfg.cluster.kubernetes_version
     pinned = eks_cluster.ADDON_VERSIONS[cfg.cluster.kubernetes_version]
-    addons = {a.inputs["addonName"]: a.inputs["addonVersion"] for a in result.of_type("aws:eks/addon:Addon")}
+    addons = {a.inputs["addonName"]: a.inputs.get("addonVersion")
+              for a in result.of_type("aws:eks/addon:Addon")}
     assert addons == pinned
     assert result.exports["clusterName"] == eks.inputs["name"]
     assert "kubeconfig" in result.secret_exports
@@ -202,9 +203,12 @@ def test_addon_table_covers_every_supported_kubernetes_version():
     from infra.config import SUPPORTED_KUBERNETES
 
     assert set(eks_cluster.ADDON_VERSIONS) == set(SUPPORTED_KUBERNETES)
-    for versions in eks_cluster.ADDON_VERSIONS.values():
+    for version, versions in eks_cluster.ADDON_VERSIONS.items():
         assert set(versions) == set(eks_cluster.NODE_ADDONS) | set(eks_cluster.WORKLOAD_ADDONS)
-        assert all(v.startswith("v") and "eksbuild" in v for v in versions.values())
+        # A pin, or None: EKS's default version for the cluster's Kubernetes version (infra/cluster.py).
+        assert all(v is None or (v.startswith("v") and "eksbuild" in v) for v in versions.values())
+        # The Kubernetes-coupled add-ons are always pinned, to the cluster's minor version for kube-proxy.
+        assert versions["kube-proxy"].startswith(f"v{version}.") and versions["coredns"]
 
 
 # -- IAM --------------------------------------------------------------------------------------------

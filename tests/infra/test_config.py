@@ -143,11 +143,17 @@ BAD = [
     ("bad reservation id", _set("nodeGroups[0].capacityReservationId", "reservation-1"),
      ['ringtrain:nodeGroups[0].capacityReservationId: "reservation-1" is invalid: '
       "null or a capacity reservation"]),
-    ("kubernetes version unquoted", _set("cluster.kubernetesVersion", 1.33),
-     ["ringtrain:cluster.kubernetesVersion: 1.33 is invalid: "
-      "one of 1.31, 1.32, 1.33, 1.34 (a quoted string)"]),
+    ("kubernetes version unquoted", _set("cluster.kubernetesVersion", 1.36),
+     ["ringtrain:cluster.kubernetesVersion: 1.36 is invalid: "
+      "one of 1.35, 1.36 (a quoted string; older versions are past EKS standard support"]),
     ("kubernetes version unsupported", _set("cluster.kubernetesVersion", "1.20"),
-     ['ringtrain:cluster.kubernetesVersion: "1.20" is invalid: one of 1.31']),
+     ['ringtrain:cluster.kubernetesVersion: "1.20" is invalid: one of 1.35']),
+    # 1.34 left EKS standard support on 2026-12-02 (EKS Kubernetes release calendar).
+    ("kubernetes version past standard support", _set("cluster.kubernetesVersion", "1.34"),
+     ['ringtrain:cluster.kubernetesVersion: "1.34" is invalid: one of 1.35, 1.36',
+      "README 'Upgrading Kubernetes'"]),
+    ("support type", _set("cluster.supportType", "NONE"),
+     ['ringtrain:cluster.supportType: "NONE" is invalid: STANDARD (EKS upgrades the cluster']),
     ("bucket prefix", _set("data.bucketPrefix", "Acme_Data"),
      ['ringtrain:data.bucketPrefix: "Acme_Data" is invalid: 3 to 50 characters of lowercase letters']),
     ("section not a mapping", _set("network", "10.0.0.0/16"),
