@@ -459,8 +459,10 @@ def check_capacity_blocks(settings: Settings, lookup: Callable[[str], CapacityBl
 
     `lookup(reservation_id)` returns the block or raises LookupError with AWS's reason. The group's
     nodes launch only in network.gpuAvailabilityZone's subnet, and a block's instances exist only in
-    its own zone, with its one instance type, up to its instance count, while it is active (EKS user
-    guide, "Create a managed node group with Capacity Blocks for ML"; EC2 user guide, Capacity Blocks).
+    its own zone, with its one instance type, up to its instance count, while it is active (EC2 user
+    guide, "Launch instances using Capacity Blocks": an instance "can't launch in a subnet in a
+    different Availability Zone from the Availability Zone where your Capacity Block is located";
+    EKS user guide, "Create a managed node group with Capacity Blocks for ML").
     """
     cfg = settings.stack
     gpu_az = cfg.network.gpu_availability_zone

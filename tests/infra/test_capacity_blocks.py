@@ -10,7 +10,8 @@ request will be rejected" (quoted in hashicorp/terraform-provider-aws#40876). Th
 CapacityTypes enum is ON_DEMAND, SPOT, CAPACITY_BLOCK (botocore eks 2017-11-01 service model), which
 terraform-provider-aws validates capacity_type against (internal/service/eks/node_group.go,
 enum.Validate[types.CapacityTypes]). The block's instances exist only in its zone, so the group's
-subnets must be that zone's (aws-ia/terraform-aws-eks-blueprints, patterns/ml-capacity-block/eks.tf).
+subnets must be that zone's (EC2 user guide, "Launch instances using Capacity Blocks", requirements;
+aws-ia/terraform-aws-eks-blueprints, patterns/ml-capacity-block/eks.tf).
 """
 
 from __future__ import annotations
