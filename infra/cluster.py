@@ -60,7 +60,15 @@ WORKLOAD_ADDONS = ("coredns", "amazon-cloudwatch-observability")
 # The CloudWatch agent's service account (set by the add-on); its role comes through Pod Identity.
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
+# Log groups the amazon-cloudwatch-observability add-on writes to: Fluent Bit's application,
+# dataplane and host streams (auto_create_group true, no retention: aws-observability/helm-charts
+# fluent-bit-configmap.yaml) and the agent's EMF performance events (GPU and node metrics).
+CONTAINER_INSIGHTS_LOG_GROUPS = ("application", "dataplane", "host", "performance")
 CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+
+
+def container_insights_log_group(cluster: str, kind: str) -> str:
+    return f"/aws/containerinsights/{cluster}/{kind}"
 
 
 def cluster_name(stack: str) -> str:
@@ -149,11 +157,12 @@ class EksCluster(pulumi.ComponentResource):
             opts=child,
         )
         # Created before the cluster so EKS writes into a group with a retention (its own never expires).
+        # The name is the one EKS writes to, so a replacement must delete the old group first.
         self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs",
             name=f"/aws/eks/{self.name}/cluster",
             retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
         )
         public = list(args.public_access_cidrs)
         self.cluster = aws.eks.Cluster(
@@ -183,7 +192,10 @@ class EksCluster(pulumi.ComponentResource):
             ),
             enabled_cluster_log_types=list(CONTROL_PLANE_LOG_TYPES),
             bootstrap_self_managed_addons=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, encryption, *attachments]),
+            # Fixed name (node groups, the cost guard and the backend address it): a change that forces
+            # a new cluster must delete the old one first, or EKS answers ResourceInUseException.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, encryption, *attachments],
+                                        delete_before_replace=True),
         )
         self.arn = self.cluster.arn
         self.endpoint = self.cluster.endpoint
@@ -246,8 +258,19 @@ class EksCluster(pulumi.ComponentResource):
             **extra,
         )
 
-    def add_workload_addons(self, name: str, system_nodes: pulumi.Resource) -> list[aws.eks.Addon]:
+    def add_workload_addons(self, name: str, system_nodes: pulumi.Resource,
+                            container_log_retention_days: int) -> list[aws.eks.Addon]:
         """CoreDNS and GPU/host telemetry (CloudWatch agent + DCGM exporter), once nodes exist."""
+        # Created before the telemetry add-on, whose Fluent Bit and agent would otherwise create them
+        # without retention and outside the stack (they would outlive `destroy`). Fixed names (the
+        # add-on writes there): a replacement deletes the old group first.
+        self.container_log_groups = [
+            aws.cloudwatch.LogGroup(
+                f"{name}-containerinsights-{kind}", name=container_insights_log_group(self.name, kind),
+                retention_in_days=container_log_retention_days,
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
+            for kind in CONTAINER_INSIGHTS_LOG_GROUPS
+        ]
         agent_role = aws.iam.Role(
             f"{name}-cloudwatch-agent",
             assume_role_policy=self.arn.apply(lambda arn: json.dumps(
@@ -265,7 +288,7 @@ class EksCluster(pulumi.ComponentResource):
         coredns = self._addon(name, "coredns", depends_on=[system_nodes])
         telemetry = self._addon(
             name, "amazon-cloudwatch-observability",
-            depends_on=[system_nodes, pod_identity_agent, *agent_policies],
+            depends_on=[system_nodes, pod_identity_agent, *agent_policies, *self.container_log_groups],
             pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
                 role_arn=agent_role.arn, service_account=CLOUDWATCH_SERVICE_ACCOUNT)],
         )

@@ -78,7 +78,8 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         efa_security_group_id=security.efa_sg.id,
         tags=tags,
     ), opts=opts)
-    workload_addons = cluster.add_workload_addons("eks", nodes.system)
+    workload_addons = cluster.add_workload_addons(
+        "eks", nodes.system, container_log_retention_days=cfg.cluster.container_log_retention_days)
     platform = Platform("platform", PlatformInputs(
         cluster=cluster,
         datasets_bucket_arn=data.datasets_bucket.arn,

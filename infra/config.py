@@ -36,6 +36,18 @@ MAX_GROUP_NODES = 450
 # versions pinned in infra/cluster.py ADDON_VERSIONS. 1.31-1.34 left standard support (1.34 on
 # 2026-12-02; EKS user guide kubernetes-versions, release calendar) and would bill extended support.
 SUPPORTED_KUBERNETES = ("1.35", "1.36")
+# CloudWatch Logs PutRetentionPolicy retentionInDays: "Valid values are: 1, 3, 5, 7, 14, 30, 60, 90,
+# 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288, and 3653" (CloudWatch Logs
+# API reference); any other number fails at `pulumi up` with InvalidParameterException.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                      2557, 2922, 3288, 3653)
+_RETENTION_HELP = "one of " + ", ".join(map(str, LOG_RETENTION_DAYS)) + " (days CloudWatch Logs accepts)"
+
+
+def _retention(value: int) -> int:
+    if value not in LOG_RETENTION_DAYS:
+        raise ValueError(_RETENTION_HELP)
+    return value
 
 
 class ConfigError(Exception):
@@ -76,8 +88,7 @@ class NetworkConfig(_Section):
         description="one of availabilityZones (EFA node groups live in one AZ)")
     nat_gateways: Literal["single", "perAz"] = Field(description="single (one shared NAT, cheap) or perAz")
     flow_logs: bool = Field(description="true or false (VPC flow logs to CloudWatch Logs)")
-    flow_log_retention_days: int = Field(
-        default=30, ge=1, le=3653, description="days to keep flow logs, 1..3653")
+    flow_log_retention_days: int = Field(default=30, description="days to keep flow logs: " + _RETENTION_HELP)
     kubernetes_service_cidr: str = Field(
         default="172.20.0.0/16",
         description="an IPv4 CIDR for Kubernetes services that does not overlap the VPC cidr")
@@ -91,6 +102,11 @@ class NetworkConfig(_Section):
         if not 16 <= net.prefixlen <= 20:
             raise ValueError("a prefix length from /16 to /20 (the subnet layout needs room)")
         return value
+
+    @field_validator("flow_log_retention_days")
+    @classmethod
+    def _flow_retention(cls, value: int) -> int:
+        return _retention(value)
 
     @field_validator("kubernetes_service_cidr")
     @classmethod
@@ -147,6 +163,11 @@ class ClusterConfig(_Section):
         description="IPv4 CIDRs allowed to reach the public API endpoint; [] = private endpoint only; "
                     "never 0.0.0.0/0")
     system_nodes: SystemNodesConfig
+    # Container Insights writes container, node and performance logs into
+    # /aws/containerinsights/<cluster>/{application,dataplane,host,performance}; the stack creates
+    # these groups with this retention so they expire and go with the cluster.
+    container_log_retention_days: int = Field(
+        default=30, description="days to keep container, node and performance logs: " + _RETENTION_HELP)
     # infra-compute: extra cluster admins as EKS access entries (the deploying identity is one already).
     admin_principal_arns: list[str] = Field(
         default_factory=list, max_length=20,
@@ -163,6 +184,11 @@ class ClusterConfig(_Section):
         if len(set(value)) != len(value):
             raise ValueError("distinct ARNs (one is listed twice)")
         return value
+
+    @field_validator("container_log_retention_days")
+    @classmethod
+    def _container_retention(cls, value: int) -> int:
+        return _retention(value)
 
     @field_validator("kubernetes_version")
     @classmethod

@@ -82,9 +82,11 @@ class CostGuard(pulumi.ComponentResource):
         cluster = args.cluster
         function_name = f"{cluster.name}-scale-to-zero"[:64]
 
+        # Fixed names (Lambda writes to /aws/lambda/<function>; the backend addresses the function):
+        # a replacement deletes the old one first, or AWS answers "already exists".
         self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/aws/lambda/{function_name}", retention_in_days=LOG_RETENTION_DAYS,
-            opts=child)
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
         # Alerts to the stack's address: nodes the guard cannot judge (no GPU telemetry), and the
         # guard's own failures (the Errors alarm below).
         self.topic = aws.sns.Topic(f"{name}-alerts", opts=child)
@@ -117,7 +119,8 @@ class CostGuard(pulumi.ComponentResource):
             environment=aws.lambda_.FunctionEnvironmentArgs(
                 variables=guard_environment(cluster.name, args.gpu_node_groups, args.config, self.topic.arn)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group, self.policy,
-                                                                 *args.node_group_resources]),
+                                                                 *args.node_group_resources],
+                                        delete_before_replace=True),
         )
         self.schedule = aws.cloudwatch.EventRule(
             f"{name}-schedule",
@@ -160,5 +163,5 @@ class CostGuard(pulumi.ComponentResource):
             cost_filters=[aws.budgets.BudgetCostFilterArgs(**tag_filter)],
             notifications=[aws.budgets.BudgetNotificationArgs(**n)
                            for n in budget_notifications(args.config.notification_email)],
-            opts=child)
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
         self.register_outputs({"functionName": self.function.name})

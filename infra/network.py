@@ -176,8 +176,9 @@ class Network(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         # CloudWatch Logs encrypts log data at rest itself; a customer key would need a key policy
         # granting the logs service, which the data key deliberately does not have.
+        # A prefix, not a fixed name: a replacement creates the new group before deleting the old one.
         group = aws.cloudwatch.LogGroup(
-            f"{name}-flow-logs", name=f"/ringtrain/{pulumi.get_stack()}/vpc-flow-logs",
+            f"{name}-flow-logs", name_prefix=f"/ringtrain/{pulumi.get_stack()}/vpc-flow-logs-",
             retention_in_days=cfg.flow_log_retention_days, opts=child)
         role = aws.iam.Role(
             f"{name}-flow-logs",

@@ -89,6 +89,74 @@ def test_every_kubernetes_provider_names_a_context_of_its_kubeconfig_under_stric
             assert context in defined, (provider.name, context, defined)
 
 
+# -- Replacement of resources with fixed names -----------------------------------------------------
+
+# Inputs that fix a resource's identity in AWS (unique per account/region, or per cluster). With them
+# set, Pulumi's default create-before-delete replacement asks AWS for a second resource of the same
+# name and fails ("already exists" / ResourceInUseException) unless the old one goes first.
+FIXED_IDENTITY = {
+    "aws:eks/cluster:Cluster": ("name",),
+    "aws:eks/nodeGroup:NodeGroup": ("clusterName", "nodeGroupName"),
+    "aws:cloudwatch/logGroup:LogGroup": ("name",),
+    "aws:lambda/function:Function": ("name",),
+    "aws:budgets/budget:Budget": ("name",),
+    "aws:ec2/placementGroup:PlacementGroup": ("name",),
+    "aws:ec2/securityGroup:SecurityGroup": ("name",),
+    "aws:ec2/launchTemplate:LaunchTemplate": ("name",),
+    "aws:iam/role:Role": ("name",),
+    "aws:cloudwatch/eventRule:EventRule": ("name",),
+    "aws:sns/topic:Topic": ("name",),
+    "aws:s3/bucket:Bucket": ("bucket",),
+    "aws:ecr/repository:Repository": ("name",),
+    "aws:kms/alias:Alias": ("name",),
+}
+
+
+def test_every_fixed_name_is_replaced_delete_first_or_protected(stack):
+    checked = 0
+    for res in stack.resources:
+        keys = FIXED_IDENTITY.get(res.type)
+        if not keys or not all(res.inputs.get(k) for k in keys):
+            continue  # autonamed or name_prefix: a replacement gets a fresh name
+        checked += 1
+        assert res.delete_before_replace or res.protect, (
+            f"{res.type} {res.name} has the fixed name {[res.inputs[k] for k in keys]}: give it "
+            "delete_before_replace=True, or a name_prefix")
+    assert checked, "the stacks declare fixed-name resources (cluster, node groups, buckets)"
+
+
+# -- CloudWatch Logs -------------------------------------------------------------------------------
+
+
+def test_every_log_group_expires_with_a_retention_cloudwatch_accepts(stack):
+    """PutRetentionPolicy accepts only the listed day counts (CloudWatch Logs API reference); a group
+    without retention keeps its events forever."""
+    from infra.config import LOG_RETENTION_DAYS
+
+    groups = stack.of_type("aws:cloudwatch/logGroup:LogGroup")
+    assert groups
+    for group in groups:
+        days = group.inputs.get("retentionInDays")
+        assert days is not None and int(days) in LOG_RETENTION_DAYS, (group.name, days)
+
+
+def test_every_log_group_the_telemetry_addon_writes_is_declared_first(stack):
+    """Fluent Bit and the CloudWatch agent of amazon-cloudwatch-observability create
+    /aws/containerinsights/<cluster>/{application,dataplane,host,performance} themselves, without
+    retention and outside the stack, unless the groups exist before the add-on starts."""
+    from infra.cluster import CONTAINER_INSIGHTS_LOG_GROUPS, container_insights_log_group
+
+    groups = {g.inputs.get("name"): g for g in stack.of_type("aws:cloudwatch/logGroup:LogGroup")}
+    telemetry = [a for a in stack.of_type("aws:eks/addon:Addon")
+                 if a.inputs["addonName"] == "amazon-cloudwatch-observability"]
+    assert telemetry
+    for addon in telemetry:
+        for kind in CONTAINER_INSIGHTS_LOG_GROUPS:
+            name = container_insights_log_group(addon.inputs["clusterName"], kind)
+            assert name in groups, name
+            assert groups[name].urn in addon.dependencies, name
+
+
 # -- EKS -------------------------------------------------------------------------------------------
 
 

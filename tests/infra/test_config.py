@@ -152,6 +152,11 @@ BAD = [
     ("kubernetes version past standard support", _set("cluster.kubernetesVersion", "1.34"),
      ['ringtrain:cluster.kubernetesVersion: "1.34" is invalid: one of 1.35, 1.36',
       "README 'Upgrading Kubernetes'"]),
+    # CloudWatch Logs PutRetentionPolicy accepts only its listed day counts (2 is not one).
+    ("flow log retention", _set("network.flowLogRetentionDays", 2),
+     ["ringtrain:network.flowLogRetentionDays: 2 is invalid: one of 1, 3, 5, 7, 14, 30,"]),
+    ("container log retention", _set("cluster.containerLogRetentionDays", 10),
+     ["ringtrain:cluster.containerLogRetentionDays: 10 is invalid: one of 1, 3, 5, 7, 14, 30,"]),
     ("support type", _set("cluster.supportType", "NONE"),
      ['ringtrain:cluster.supportType: "NONE" is invalid: STANDARD (EKS upgrades the cluster']),
     ("bucket prefix", _set("data.bucketPrefix", "Acme_Data"),
