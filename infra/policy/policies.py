@@ -41,6 +41,8 @@ T_SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncrypti
 T_PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 T_BUCKET_POLICY = "aws:s3/bucketPolicy:BucketPolicy"
 T_BUCKET_ACL = "aws:s3/bucketAcl:BucketAcl"
+T_LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+IMDS_HOP_LIMIT = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,6 +129,41 @@ def imdsv2_findings(type_: str, props: Mapping[str, Any]) -> list[str]:
     tokens = (props.get("metadataOptions") or {}).get("httpTokens")
     if tokens != "required":
         return [f"metadataOptions.httpTokens is {tokens!r}; IMDSv2 needs 'required'"]
+    return []
+
+
+def imds_hop_limit_findings(type_: str, props: Mapping[str, Any]) -> list[str]:
+    """IMDS answers one hop only, so pods in their own network namespace cannot take the node role.
+
+    Unset is a finding too: the EKS AL2023 AMIs register hop limit 2, which an instance inherits.
+    """
+    if type_ not in (T_LAUNCH_TEMPLATE, T_INSTANCE):
+        return []
+    hops = (props.get("metadataOptions") or {}).get("httpPutResponseHopLimit")
+    if hops is None or float(hops) != IMDS_HOP_LIMIT:
+        return [f"metadataOptions.httpPutResponseHopLimit is {hops!r}; must be {IMDS_HOP_LIMIT} so pods "
+                "cannot read the node role's credentials from IMDS"]
+    return []
+
+
+def eks_upgrade_policy_findings(type_: str, props: Mapping[str, Any]) -> list[str]:
+    """EKS clusters say STANDARD: EKS's default, EXTENDED, bills $0.60/h past standard support."""
+    if type_ != T_EKS:
+        return []
+    support = (props.get("upgradePolicy") or {}).get("supportType")
+    if support != "STANDARD":
+        return [f"upgradePolicy.supportType is {support!r}; must be 'STANDARD' (EKS defaults to EXTENDED, "
+                "billed at $0.60/h instead of $0.10/h once the version leaves standard support)"]
+    return []
+
+
+def log_retention_findings(type_: str, props: Mapping[str, Any]) -> list[str]:
+    """Every CloudWatch log group expires its events (a group without retention keeps them forever)."""
+    if type_ != T_LOG_GROUP:
+        return []
+    days = props.get("retentionInDays")
+    if not days:
+        return [f"log group {props.get('name')!r} has no retentionInDays: its events never expire"]
     return []
 
 
@@ -336,6 +373,18 @@ imdsv2_required = _resource_policy(
     "imdsv2-required",
     "Launch templates and instances require IMDSv2 (metadataOptions.httpTokens: required).",
     lambda a: imdsv2_findings(a.resource_type, a.props))
+imds_hop_limit_1 = _resource_policy(
+    "imds-hop-limit-1",
+    "Launch templates and instances set the IMDS hop limit to 1 (pods cannot reach the node role).",
+    lambda a: imds_hop_limit_findings(a.resource_type, a.props))
+eks_standard_support = _resource_policy(
+    "eks-upgrade-policy-standard",
+    "EKS clusters set upgradePolicy.supportType STANDARD (no extended-support billing).",
+    lambda a: eks_upgrade_policy_findings(a.resource_type, a.props))
+log_groups_expire = _resource_policy(
+    "log-group-retention",
+    "Every CloudWatch log group sets retentionInDays.",
+    lambda a: log_retention_findings(a.resource_type, a.props))
 encryption_at_rest = _resource_policy(
     "encryption-at-rest",
     "ECR, EBS volumes (launch templates, volumes) and EKS secrets are encrypted at rest with KMS.",
@@ -357,6 +406,7 @@ efa_self_rules = _stack_policy(
     "EFA interfaces use a security group allowing all traffic from AND to itself.", efa_findings)
 
 RESOURCE_POLICIES: tuple[ResourceValidationPolicy, ...] = (
-    no_public_ingress, imdsv2_required, encryption_at_rest, required_tags)
+    no_public_ingress, imdsv2_required, imds_hop_limit_1, eks_standard_support, log_groups_expire,
+    encryption_at_rest, required_tags)
 STACK_POLICIES: tuple[StackValidationPolicy, ...] = (s3_encryption, s3_no_public, s3_tls_only, efa_self_rules)
 ALL_POLICIES = RESOURCE_POLICIES + STACK_POLICIES

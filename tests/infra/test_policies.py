@@ -15,9 +15,11 @@ def test_committed_stacks_have_zero_violations(committed, stack):
 
 def test_pack_covers_the_baseline_with_unique_names():
     names = [p.name for p in P.ALL_POLICIES]
-    assert len(set(names)) == len(names) == 8
-    assert set(names) == {"no-public-ingress", "imdsv2-required", "encryption-at-rest", "required-tags",
-                          "s3-sse-kms", "s3-no-public-access", "s3-tls-only", "efa-security-group-self-rules"}
+    assert len(set(names)) == len(names) == 11
+    assert set(names) == {"no-public-ingress", "imdsv2-required", "imds-hop-limit-1",
+                          "eks-upgrade-policy-standard", "log-group-retention", "encryption-at-rest",
+                          "required-tags", "s3-sse-kms", "s3-no-public-access", "s3-tls-only",
+                          "efa-security-group-self-rules"}
 
 
 def only(result, type_, name=None):
@@ -74,6 +76,45 @@ def test_launch_template_without_imdsv2_is_caught(committed):
     lts[-1].inputs.pop("metadataOptions", None)
     found = run_resource_policy(P.imdsv2_required, result)
     assert {v.urn for v in found} == {lts[0].urn, lts[-1].urn}
+
+
+# -- imds-hop-limit-1 ---------------------------------------------------------------------------------
+
+def test_launch_template_with_hop_limit_2_or_unset_is_caught(committed):
+    result = committed("prod")
+    lts = result.of_type(P.T_LAUNCH_TEMPLATE)
+    assert len(lts) >= 2
+    lts[0].inputs["metadataOptions"] = {**lts[0].inputs["metadataOptions"], "httpPutResponseHopLimit": 2.0}
+    del lts[-1].inputs["metadataOptions"]["httpPutResponseHopLimit"]  # the AL2023 AMI's 2 applies
+    found = run_resource_policy(P.imds_hop_limit_1, result)
+    assert {v.urn for v in found} == {lts[0].urn, lts[-1].urn}
+    assert all("pods cannot read the node role" in v.message for v in found)
+
+
+# -- eks-upgrade-policy-standard ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", [None, {"supportType": "EXTENDED"}])
+def test_eks_cluster_left_on_extended_support_is_caught(committed, policy):
+    result = committed("dev")
+    eks = result.one(P.T_EKS)
+    if policy is None:
+        del eks.inputs["upgradePolicy"]  # EKS's default: EXTENDED
+    else:
+        eks.inputs["upgradePolicy"] = policy
+    (v,) = run_resource_policy(P.eks_standard_support, result)
+    assert v.urn == eks.urn and "EXTENDED" in v.message
+
+
+# -- log-group-retention -----------------------------------------------------------------------------------
+
+def test_log_group_without_retention_is_caught(committed):
+    result = committed("prod")
+    groups = result.of_type(P.T_LOG_GROUP)
+    assert len(groups) >= 2
+    del groups[0].inputs["retentionInDays"]
+    groups[1].inputs["retentionInDays"] = 0.0  # 0 is "never expire" in PutRetentionPolicy terms too
+    found = run_resource_policy(P.log_groups_expire, result)
+    assert {v.urn for v in found} == {groups[0].urn, groups[1].urn}
 
 
 # -- encryption-at-rest ------------------------------------------------------------------------------
