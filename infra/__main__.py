@@ -23,6 +23,7 @@ if _ROOT not in sys.path:
 import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
+from infra.budget import StackBudget  # noqa: E402
 from infra.compute import declare_compute  # noqa: E402
 from infra.config import ConfigError, capacity_block_groups, check_capacity_blocks, load_stack_config  # noqa: E402
 from infra.data import DataLayer  # noqa: E402
@@ -55,6 +56,8 @@ def main() -> None:
     account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id
 
     data = DataLayer("data", cfg.data, stack=stack, protect=cfg.data_protection, opts=use_provider)
+    # The data layer bills with compute off too: the budget is part of every stack.
+    StackBudget("budget", cfg.cost_guard, project=project, stack=stack, opts=use_provider)
     network = Network("net", cfg.network, compute=cfg.compute, account_id=account_id, opts=use_provider)
     security = SecurityGroups("sg", vpc_id=network.vpc.id, vpc_cidr=cfg.network.cidr,
                               name_prefix=f"{project}-{stack}", opts=use_provider)

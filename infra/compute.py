@@ -93,6 +93,5 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         gpu_node_groups=[node_group_name(cluster.name, g.name) for g in cfg.node_groups],
         node_group_resources=list(nodes.gpu.values()),
         config=cfg.cost_guard,
-        stack_tag_value=tags["stack"],
     ), opts=opts)
     return Compute(cluster=cluster, node_groups=nodes, platform=platform, cost_guard=guard)

@@ -1,19 +1,16 @@
-"""Cost guard that works while nobody watches: idle scale-to-zero and a monthly budget alarm.
+"""Cost guard that works while nobody watches: idle scale-to-zero of the GPU node groups.
 
-1. Scale-to-zero: an EventBridge schedule runs infra/scale_to_zero.py (Lambda) every
-   CHECK_EVERY_MINUTES; it scales a GPU node group to zero once all its nodes' GPUs stayed below
-   `costGuard.idleGpuUtilizationPercent` for `costGuard.idleMinutes` (see that module for the rule).
-   Why a Lambda and not a CloudWatch alarm on the group's Auto Scaling group: GPU utilisation is
-   published per node (Container Insights has no node-group dimension), and a node group's CPU is a
-   poor idle signal (8 busy ranks on a 192-vCPU p5 read as ~4% CPU). The Lambda also goes through
-   the EKS API (UpdateNodegroupConfig), so EKS's view of the group never disagrees with its ASG.
-   A node without GPU telemetry is never scaled away: the guard e-mails `costGuard.notificationEmail`
-   through the alert topic, naming the node. If the guard itself fails, an alarm on its Errors
-   metric e-mails the same address.
-2. Budget: AWS Budgets on the stack's cost-allocation tag (`stack=<stack>`), monthly limit
-   `costGuard.monthlyBudgetUsd`, e-mail at 80% and 100% actual and 100% forecast. The tag must be
-   activated once per account as a cost-allocation tag (Billing console or
-   `aws ce update-cost-allocation-tags-status`), otherwise the budget sees no spend.
+Scale-to-zero: an EventBridge schedule runs infra/scale_to_zero.py (Lambda) every
+CHECK_EVERY_MINUTES; it scales a GPU node group to zero once all its nodes' GPUs stayed below
+`costGuard.idleGpuUtilizationPercent` for `costGuard.idleMinutes` (see that module for the rule).
+Why a Lambda and not a CloudWatch alarm on the group's Auto Scaling group: GPU utilisation is
+published per node (Container Insights has no node-group dimension), and a node group's CPU is a
+poor idle signal (8 busy ranks on a 192-vCPU p5 read as ~4% CPU). The Lambda also goes through
+the EKS API (UpdateNodegroupConfig), so EKS's view of the group never disagrees with its ASG.
+A node without GPU telemetry is never scaled away: the guard e-mails `costGuard.notificationEmail`
+through the alert topic, naming the node. If the guard itself fails, an alarm on its Errors
+metric e-mails the same address.
+The stack's monthly budget is infra/budget.py: it stays while compute is off.
 """
 
 from __future__ import annotations
@@ -37,20 +34,6 @@ LAMBDA_RUNTIME = "python3.12"
 LAMBDA_SOURCE = Path(__file__).with_name("scale_to_zero.py")
 LAMBDA_HANDLER = "scale_to_zero.handler"
 LOG_RETENTION_DAYS = 30
-COST_TAG_KEY = "stack"
-
-
-def budget_notifications(email: str) -> list[dict]:
-    """Budget notifications: 80% and 100% of actual spend, 100% of forecast."""
-    def note(kind: str, percent: float) -> dict:
-        return {"comparison_operator": "GREATER_THAN", "notification_type": kind, "threshold": percent,
-                "threshold_type": "PERCENTAGE", "subscriber_email_addresses": [email]}
-    return [note("ACTUAL", 80.0), note("ACTUAL", 100.0), note("FORECASTED", 100.0)]
-
-
-def budget_tag_filter(stack_tag_value: str) -> dict:
-    """Cost filter on the cost-allocation tag (user-defined tags are `user:<key>$<value>`)."""
-    return {"name": "TagKeyValue", "values": [f"user:{COST_TAG_KEY}${stack_tag_value}"]}
 
 
 def guard_environment(cluster: str, node_groups: Sequence[str], cfg: CostGuardConfig,
@@ -72,7 +55,6 @@ class CostGuardInputs:
     gpu_node_groups: Sequence[str]  # EKS node group names
     node_group_resources: Sequence[pulumi.Resource]
     config: CostGuardConfig
-    stack_tag_value: str
 
 
 class CostGuard(pulumi.ComponentResource):
@@ -152,16 +134,4 @@ class CostGuard(pulumi.ComponentResource):
             treat_missing_data="notBreaching",
             alarm_actions=[self.topic.arn], opts=child)
 
-        tag_filter = budget_tag_filter(args.stack_tag_value)
-        self.budget = aws.budgets.Budget(
-            f"{name}-budget",
-            name=f"{cluster.name}-monthly",
-            budget_type="COST",
-            time_unit="MONTHLY",
-            limit_amount=f"{args.config.monthly_budget_usd:.2f}",
-            limit_unit="USD",
-            cost_filters=[aws.budgets.BudgetCostFilterArgs(**tag_filter)],
-            notifications=[aws.budgets.BudgetNotificationArgs(**n)
-                           for n in budget_notifications(args.config.notification_email)],
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
         self.register_outputs({"functionName": self.function.name})

@@ -220,3 +220,30 @@ def test_node_roles_pull_images_only_and_the_cni_has_its_own_pod_identity_role(s
     assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert trust["Condition"]["StringEquals"]["aws:RequestTag/kubernetes-service-account"] == "aws-node"
     assert trust["Condition"]["StringEquals"]["aws:RequestTag/kubernetes-namespace"] == "kube-system"
+
+
+# -- Budget ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compute", [True, False])
+def test_the_stack_budget_stays_with_compute_off_and_counts_only_this_projects_stack(committed, compute):
+    """The data layer bills with compute off, so the budget must not go with the compute layer; and a
+    filter on `stack=<stack>` alone would count another project's `stack=prod` (AWS Budgets
+    FilterExpression `And` of Tags; a CostFilters TagKeyValue list ORs its values)."""
+    from tests.infra.harness import run_program
+
+    base = committed("prod")
+    result = base if compute else run_program("prod", overrides={"ringtrain:compute": False})
+    (budget,) = result.of_type("aws:budgets/budget:Budget")
+    assert not budget.inputs.get("costFilters"), "CostFilters cannot AND two tags"
+    expr = budget.inputs["filterExpression"]
+    tags = {a["tags"]["key"]: a["tags"]["values"] for a in expr["ands"]}
+    assert tags == {"project": ["ringtrain"], "stack": ["prod"]}
+    assert budget.inputs["metrics"] == "UnblendedCost"  # required with a FilterExpression
+    cost_guard = base.config["ringtrain:costGuard"]
+    assert float(budget.inputs["limitAmount"]) == cost_guard["monthlyBudgetUsd"]
+    assert budget.inputs["budgetType"] == "COST" and budget.inputs["timeUnit"] == "MONTHLY"
+    assert {(n["notificationType"], n["threshold"]) for n in budget.inputs["notifications"]} == {
+        ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)}
+    for note in budget.inputs["notifications"]:
+        assert note["subscriberEmailAddresses"] == [cost_guard["notificationEmail"]]

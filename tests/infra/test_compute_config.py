@@ -99,12 +99,13 @@ def test_compute_false_declares_none_of_the_compute_layer():
     result = run_program("dev", config=dev_with(compute=False))
     compute_types = [r.type for r in result.resources
                      if r.type.startswith(("aws:eks/", "kubernetes:", "pulumi:providers:kubernetes",
-                                           "aws:lambda/", "aws:budgets/", "aws:ec2/launchTemplate",
+                                           "aws:lambda/", "aws:ec2/launchTemplate",
                                            "aws:ec2/placementGroup", "ringtrain:compute:"))]
     assert compute_types == []
     for key in ("clusterName", "kubeconfig", "nodeGroups", "trainingRoleArn"):
         assert key not in result.exports
     assert result.exports["datasetsBucket"]  # the data layer stays
+    assert len(result.of_type("aws:budgets/budget:Budget")) == 1  # and so does its budget
 
 
 def test_capacity_reservation_is_targeted_by_the_launch_template_without_a_placement_group():
