@@ -11,11 +11,15 @@ Shape (FIELD_NOTES §1, §5, §6):
   entrypoint (`entrypoint.py launcher -- CMD`, which applies the image's NCCL/EFA defaults first):
   static jobs read the workers from the operator's /etc/mpi/hostfile, elastic jobs from its
   /etc/mpi/discover_hosts.sh, which lists the running workers;
+  The launcher runs the image's slim `launcher` target (`<image>-launcher`: no CUDA), so the small
+  system nodes never pull the multi-GB worker image;
 - one worker per GPU node (`entrypoint.py sshd`; horovodrun reaches it over ssh) requesting the
   node's GPUs and, on EFA groups, all its EFA interfaces; most of the node's memory and CPUs (from the
   instance catalog), a memory-backed /dev/shm with a size limit, a readiness probe on sshd's port,
   the GPU taint tolerated, and a termination grace period that fits a checkpoint (the entrypoint
-  forwards the pod's SIGTERM to the trainer ranks);
+  forwards the pod's SIGTERM to the trainer ranks). Before sshd starts, an init container runs the
+  image's self-test with the GPUs and EFA interfaces the pod requests: a node whose GPUs are missing
+  or whose NCCL would not use EFA fails the job at once instead of training over TCP;
 - both pods run as the stack's training service account, whose IAM role (EKS Pod Identity) gives
   them S3 access: no credentials travel in the manifest.
 """
@@ -45,6 +49,16 @@ POD_INTERFACE = "eth0"
 # Modes of the image's ENTRYPOINT (image/entrypoint.py); pods set `args`, so the entrypoint stays.
 LAUNCHER_ARGS = ("launcher", "--")
 WORKER_ARGS = ("sshd",)
+SELFTEST_ARGS = ("selftest",)
+# What the self-test must find (image/entrypoint.py): at least this many GPUs and EFA devices, and with
+# EFA devices expected, NCCL reporting the EFA provider (AWS's own health check greps the same line).
+EXPECT_GPUS_ENV = "RINGTRAIN_EXPECT_GPUS"
+EXPECT_EFA_ENV = "RINGTRAIN_EXPECT_EFA"
+# The entrypoint's old self-test switch, which reached the GPU-less launcher too; it now refuses it.
+SELFTEST_SWITCH_ENV = "RINGTRAIN_SELFTEST"
+# scripts/image-build pushes the launcher target as <repository>:<tag>-launcher beside each worker tag
+# (image/build.py LAUNCHER_TAG_SUFFIX; tests keep the two equal).
+LAUNCHER_TAG_SUFFIX = "-launcher"
 # A spot reclaim drains the worker's node: the kubelet sends SIGTERM to the pod's PID 1 (the image
 # entrypoint, which forwards it to the trainer ranks) and SIGKILL when this grace period ends. The ranks
 # need it to reach a step boundary and let rank 0 write a checkpoint; the instance itself goes two
@@ -255,6 +269,18 @@ def check_stop_grace(env: list[dict[str, str]]) -> None:
             )
 
 
+def launcher_image_for(image: str) -> str:
+    """The launcher image built with the worker image `image` (`<repository>:<tag>`)."""
+    return image + LAUNCHER_TAG_SUFFIX
+
+
+def check_no_selftest_switch(env: list[dict[str, str]]) -> None:
+    if any(item["name"] == SELFTEST_SWITCH_ENV for item in env):
+        raise MPIJobError(f"{SELFTEST_SWITCH_ENV}: not allowed in a job's environment: every worker runs the "
+                          "image's self-test as its init container (with the node's GPU and EFA counts), and "
+                          "the launcher, which has no GPU, never does")
+
+
 def _labels(job: JobSpec, role: str) -> dict[str, str]:
     return {JOB_LABEL: job.name, ROLE_LABEL: role}
 
@@ -269,6 +295,12 @@ def worker_container(mpijob: Mapping[str, Any]) -> dict[str, Any]:
     return mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
 
 
+def worker_selftest_container(mpijob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The worker pods' self-test init container; None for CPU workers (the local executor's hosts)."""
+    init = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"].get("initContainers", [])
+    return next((c for c in init if c["name"] == "selftest"), None)
+
+
 def render_mpijob(
     job: JobSpec,
     *,
@@ -278,13 +310,15 @@ def render_mpijob(
     service_account: str,
     workers: WorkerNodes,
     launcher: LauncherNodes,
+    launcher_image: str | None = None,
     network_interface: str = POD_INTERFACE,
     ssh_port: int = SSH_PORT,
     clean_pod_policy: str = "Running",
     backoff_limit: int = 0,
     ttl_seconds_after_finished: int = 3600,
 ) -> dict[str, Any]:
-    """The MPIJob manifest (a plain dict, ready for `kubectl apply -f -` as JSON)."""
+    """The MPIJob manifest (a plain dict, ready for `kubectl apply -f -` as JSON). The launcher runs
+    `launcher_image`, by default the launcher target built with `image` (launcher_image_for)."""
     if workers.gpus_per_node and job.slots_per_host > workers.gpus_per_node:
         raise MPIJobError(
             f"slots_per_host={job.slots_per_host} but node group {workers.node_group!r} "
@@ -295,11 +329,14 @@ def render_mpijob(
         raise MPIJobError(f"cleanPodPolicy {clean_pod_policy!r}: allowed are None, Running, All")
     if backoff_limit < 0 or ttl_seconds_after_finished < 0:
         raise MPIJobError("backoffLimit and ttlSecondsAfterFinished must be >= 0")
-    if not image or ":" not in image.rsplit("/", 1)[-1]:
-        raise MPIJobError(f"image {image!r}: expected <repository>:<tag>")
+    launcher_image = launcher_image or (launcher_image_for(image) if image else "")
+    for what, ref in (("image", image), ("launcher image", launcher_image)):
+        if not ref or ":" not in ref.rsplit("/", 1)[-1]:
+            raise MPIJobError(f"{what} {ref!r}: expected <repository>:<tag>")
     job = with_storage_args(job, storage)
     env = _env(job, storage)
     check_stop_grace(env)
+    check_no_selftest_switch(env)
 
     launcher_pod = {
         "metadata": {"labels": _labels(job, "launcher")},
@@ -308,7 +345,7 @@ def render_mpijob(
             "nodeSelector": dict(launcher.node_selector),
             "containers": [{
                 "name": "launcher",
-                "image": image,
+                "image": launcher_image,
                 "args": [*LAUNCHER_ARGS, *launcher_command(job, network_interface)],
                 **({"env": env} if env else {}),
                 "resources": {"requests": {"cpu": launcher.cpu, "memory": launcher.memory}},
@@ -325,6 +362,22 @@ def render_mpijob(
         # No hugepages-2Mi: image/nccl-efa.env sets FI_EFA_USE_HUGE_PAGE=0, and a request for them keeps
         # the pod Pending forever on a node that has not reserved any.
         requests[EFA_RESOURCE] = limits[EFA_RESOURCE] = workers.efa_interfaces
+    resources = {"requests": requests, "limits": limits}
+    init_containers = []
+    if workers.gpus_per_node:
+        # The self-test sees what the worker will see: the same image, environment and devices (the
+        # kubelet hands an init container's GPUs and EFA interfaces on to the app containers). It expects
+        # the GPUs and EFA interfaces requested above, which come from the catalog and the node group.
+        expect = [{"name": EXPECT_GPUS_ENV, "value": str(requests[GPU_RESOURCE])},
+                  {"name": EXPECT_EFA_ENV, "value": str(requests.get(EFA_RESOURCE, 0))}]
+        init_containers.append({
+            "name": "selftest",
+            "image": image,
+            "args": list(SELFTEST_ARGS),
+            "env": env + expect,
+            "resources": resources,
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        })
     worker_pod = {
         "metadata": {"labels": _labels(job, "worker")},
         "spec": {
@@ -347,6 +400,7 @@ def render_mpijob(
             "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
             # Time for the trainers to checkpoint on a spot reclaim (see WORKER_TERMINATION_GRACE_S).
             "terminationGracePeriodSeconds": WORKER_TERMINATION_GRACE_S,
+            **({"initContainers": init_containers} if init_containers else {}),
             "containers": [{
                 "name": "worker",
                 "image": image,
@@ -360,7 +414,7 @@ def render_mpijob(
                 # workers are ready (WaitForWorkersReady), so without it horovodrun's ssh check races sshd.
                 "readinessProbe": {"tcpSocket": {"port": ssh_port}, "periodSeconds": 2,
                                    "failureThreshold": 3, "timeoutSeconds": 1},
-                "resources": {"requests": requests, "limits": limits},
+                "resources": resources,
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],
             "volumes": [{"name": "dshm",

@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""Entrypoint of the ringtrain training image.
+"""Entrypoint of the ringtrain images (the `train` and `launcher` targets of image/Dockerfile).
 
-    entrypoint.py selftest                         check the node, exit 0 (all pass) or 1
-    entrypoint.py train [--selftest] [--] ARGS     optional self-test, then exec `python -m train ARGS`
-    entrypoint.py launcher [--selftest] -- CMD     optional self-test, then exec CMD (the horovodrun
-                                                   command cluster.launch renders) on the MPIJob launcher
+    entrypoint.py selftest                         check the node, exit 0 (all pass) or 1: the MPIJob runs
+                                                   it as every worker pod's init container
+    entrypoint.py train [--] ARGS                  exec `python -m train ARGS`
+    entrypoint.py launcher -- CMD                  exec CMD (the horovodrun command cluster.launch renders)
+                                                   on the MPIJob launcher; never a self-test (no GPUs there)
     entrypoint.py sshd                             MPIJob worker: host keys, then run `sshd -D -e` as a
                                                    child, forwarding SIGTERM to the trainer processes
 
 The self-test checks what a training run silently depends on: Horovod was built with what the image
-promises (`horovodrun --check-build`), the GPUs are visible, the EFA devices are visible and usable by
-libfabric when EFA is expected, and two local ranks can allreduce through horovodrun (NCCL on GPUs
-when two are visible, Gloo on CPU otherwise).
+promises (`horovodrun --check-build`), the expected GPUs are visible, the expected EFA devices are
+visible and usable by libfabric, and local ranks can allreduce through horovodrun: NCCL on all visible
+GPUs when two are visible or EFA is expected, Gloo on two CPU ranks otherwise. When EFA is expected
+(RINGTRAIN_EXPECT_EFA >= 1) NCCL must also report that it uses the EFA provider, or the job would run
+over TCP sockets at a fraction of the bandwidth and nobody would know.
 
 Environment (all optional):
-    RINGTRAIN_SELFTEST           1/0: run the self-test before `train`/`launcher` (default 0)
     RINGTRAIN_EXPECT_GPUS        auto (at least one) | N (at least N; 0 skips the check)   [auto]
-    RINGTRAIN_EXPECT_EFA         auto (check devices if present) | N (at least N; 0 skips)  [auto]
+    RINGTRAIN_EXPECT_EFA         auto (check devices if present) | N (at least N devices, and NCCL must
+                                 use the EFA provider; 0 skips)                             [auto]
     RINGTRAIN_SELFTEST_REQUIRE   what --check-build must list      [PyTorch,Gloo,MPI,NCCL]
     RINGTRAIN_SELFTEST_TIMEOUT   seconds each external check may take                        [180]
     RINGTRAIN_ENV_FILE           NCCL/EFA defaults applied where unset [/etc/ringtrain/nccl-efa.env]
@@ -81,6 +84,17 @@ CHECK_BUILD_SECTIONS = {
 }
 DEFAULT_REQUIRE = ("PyTorch", "Gloo", "MPI", "NCCL")
 ALLREDUCE_OK = "RINGTRAIN_ALLREDUCE_OK"
+# The old switch that made train/launcher self-test first; refused now (see parse_invocation).
+SELFTEST_ENV = "RINGTRAIN_SELFTEST"
+# NCCL's log of its network, with NCCL_DEBUG=INFO. The EFA pattern is the one AWS's own health check
+# greps after its NCCL allreduce (aws-samples/awsome-distributed-training,
+# 4.validation_and_observability/2.gpu-cluster-healthcheck/checks/5-nccl-allreduce.sh:
+# `grep -qi "Selected Provider is efa\|Using network EFA"` with NCCL_DEBUG=INFO): aws-ofi-nccl logs
+# "NET/OFI Selected provider is efa, fabric is ..." when it loads; NCCL logs "Using network <name>",
+# "Socket" when it fell back to TCP.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+NCCL_USES_EFA = re.compile(r"Selected Provider is efa|Using network EFA", re.IGNORECASE)
+NCCL_NETWORK = re.compile(r"Using network (.+?)\s*$", re.MULTILINE)
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -96,7 +110,6 @@ class UsageError(Exception):
 @dataclass(frozen=True)
 class Invocation:
     mode: str                  # selftest | train | launcher | sshd | allreduce-worker
-    selftest: bool             # run the self-test before handing over
     args: tuple[str, ...]      # trainer args (train), command (launcher), worker args
 
 
@@ -106,15 +119,6 @@ class Settings:
     expect_efa: int | None     # None: auto (check only if devices are present)
     require: tuple[str, ...]
     timeout_s: float
-
-
-def _flag(value: str, name: str) -> bool:
-    v = value.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off", ""):
-        return False
-    raise UsageError(f"{name}={value!r}: use 1 or 0")
 
 
 def _expectation(value: str, name: str) -> int | None:
@@ -169,20 +173,22 @@ def parse_invocation(argv: Sequence[str], env: Mapping[str, str]) -> Invocation:
     if mode in ("selftest", "sshd"):
         if rest:
             raise UsageError(f"mode '{mode}' takes no arguments (got {' '.join(rest)})")
-        return Invocation(mode, mode == "selftest", ())
+        return Invocation(mode, ())
     if mode in ("train", "launcher"):
-        selftest = _flag(env.get("RINGTRAIN_SELFTEST", "0"), "RINGTRAIN_SELFTEST")
-        while rest and rest[0] in ("--selftest", "--no-selftest"):
-            selftest = rest.pop(0) == "--selftest"
+        # The self-test is a mode of its own, never a prelude: the worker pods run it as their init
+        # container; the launcher has no GPU to test (and a test there would only delay every rank).
+        if SELFTEST_ENV in env or (rest and rest[0] in ("--selftest", "--no-selftest")):
+            raise UsageError(f"mode '{mode}' runs no self-test ({SELFTEST_ENV} and --selftest are gone): run "
+                             "`entrypoint.py selftest`, as the MPIJob's worker init container does")
         if rest and rest[0] == "--":
             rest.pop(0)
         if mode == "launcher" and not rest:
             raise UsageError("mode 'launcher' needs the command to run, e.g. launcher -- horovodrun ...")
-        return Invocation(mode, selftest, tuple(rest))
+        return Invocation(mode, tuple(rest))
     if mode == "allreduce-worker":
         if rest not in (["--device", "cpu"], ["--device", "cuda"]):
             raise UsageError("allreduce-worker takes --device cpu|cuda")
-        return Invocation(mode, False, (rest[1],))
+        return Invocation(mode, (rest[1],))
     raise UsageError(f"unknown mode {mode!r}; use one of: selftest, train, launcher, sshd")
 
 
@@ -235,12 +241,13 @@ class Host:
             return str(beside)
         return shutil.which(name, path=self.env.get("PATH", os.defpath))
 
-    def run(self, cmd: Sequence[str], timeout_s: float) -> CmdResult:
+    def run(self, cmd: Sequence[str], timeout_s: float,
+            extra_env: Mapping[str, str] | None = None) -> CmdResult:
         """Run cmd in its own process group; on timeout the whole group is killed (no stray ranks)."""
         try:
             proc = subprocess.Popen(
                 list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                env=dict(self.env), start_new_session=True,
+                env={**self.env, **(extra_env or {})}, start_new_session=True,
             )
         except OSError as e:
             return CmdResult(127, f"cannot run {cmd[0]}: {e.strerror}")
@@ -309,9 +316,40 @@ def fi_info_has_efa(text: str) -> bool:
     return re.search(r"^\s*provider:\s*efa\s*$", text, re.MULTILINE) is not None
 
 
-def choose_allreduce_device(gpu_count: int) -> str:
-    """NCCL needs one GPU per rank: two visible GPUs test the NCCL path, fewer test Gloo on CPU."""
-    return "cuda" if gpu_count >= 2 else "cpu"
+def efa_expected(settings: Settings) -> bool:
+    """EFA is required (not just checked if present): the pod asked for EFA interfaces."""
+    return settings.expect_efa is not None and settings.expect_efa >= 1
+
+
+def plan_allreduce(gpu_count: int, efa: bool) -> tuple[str, int]:
+    """(device, ranks): NCCL wants one GPU per rank, so all visible GPUs each get one; two GPUs, or one
+    when EFA must be shown in use (only NCCL can show it), test the NCCL path; otherwise two Gloo ranks on
+    CPU. Horovod runs a one-rank GPU allreduce through NCCL too (ncclCommInitRank with size 1:
+    horovod/common/ops/nccl_operations.cc NCCLAllreduce::Execute has no single-rank shortcut)."""
+    if gpu_count >= 2 or (efa and gpu_count == 1):
+        return "cuda", gpu_count
+    return "cpu", 2
+
+
+def nccl_network(text: str) -> str | None:
+    """The network NCCL said it uses ("Using network AWS Libfabric", "... Socket"), the last one logged."""
+    found = NCCL_NETWORK.findall(text)
+    return found[-1] if found else None
+
+
+def check_nccl_uses_efa(output: str, device: str) -> CheckResult:
+    name = "nccl over efa"
+    if device != "cuda":
+        return CheckResult(name, False, "not run: NCCL needs a visible GPU (see the gpus check)")
+    if NCCL_USES_EFA.search(output):
+        match = next(line for line in output.splitlines() if NCCL_USES_EFA.search(line))
+        start = match.find("NCCL INFO")
+        return CheckResult(name, True, match[max(start, 0):].strip()[:200])
+    network = nccl_network(output)
+    said = f"NCCL used network {network!r}" if network else "NCCL logged no network (did it start?)"
+    return CheckResult(name, False, f"{said}, not the EFA provider: the job would run over TCP. Check that "
+                       "NCCL_NET_PLUGIN=ofi, /opt/amazon/ofi-nccl/lib is on LD_LIBRARY_PATH and the pod "
+                       "requests vpc.amazonaws.com/efa")
 
 
 def check_horovod_build(host: Host, settings: Settings) -> CheckResult:
@@ -377,19 +415,20 @@ def parse_allreduce_ranks(text: str) -> set[int]:
     return {int(m.group(1)) for m in re.finditer(ALLREDUCE_OK + r" rank=(\d+)", text)}
 
 
-def check_allreduce(host: Host, settings: Settings, device: str) -> CheckResult:
-    name = f"allreduce (2 ranks, {'NCCL on GPU' if device == 'cuda' else 'Gloo on CPU'})"
+def check_allreduce(host: Host, settings: Settings, device: str, ranks: int = 2) -> tuple[CheckResult, str]:
+    """The allreduce through horovodrun, and its whole output (NCCL's log lines included on GPUs)."""
+    name = f"allreduce ({ranks} ranks, {'NCCL on GPU' if device == 'cuda' else 'Gloo on CPU'})"
     horovodrun = host.which("horovodrun")
     if not horovodrun:
-        return CheckResult(name, False, "horovodrun is not installed (not on PATH)")
-    cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2",
+        return CheckResult(name, False, "horovodrun is not installed (not on PATH)"), ""
+    cmd = [horovodrun, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}",
            host.python, str(Path(__file__).resolve()), "allreduce-worker", "--device", device]
-    res = host.run(cmd, settings.timeout_s)
-    ranks = parse_allreduce_ranks(res.out)
-    if res.rc == 0 and ranks == {0, 1}:
-        return CheckResult(name, True, "both ranks got the expected sum")
-    detail = f"exit {res.rc}, ranks ok: {sorted(ranks)}; output: {res.out.strip()[-500:]}"
-    return CheckResult(name, False, detail)
+    res = host.run(cmd, settings.timeout_s, NCCL_DEBUG_ENV if device == "cuda" else None)
+    done = parse_allreduce_ranks(res.out)
+    if res.rc == 0 and done == set(range(ranks)):
+        return CheckResult(name, True, f"all {ranks} ranks got the expected sum"), res.out
+    detail = f"exit {res.rc}, ranks ok: {sorted(done)}; output: {res.out.strip()[-500:]}"
+    return CheckResult(name, False, detail), res.out
 
 
 def run_selftest(host: Host, settings: Settings, emit: Callable[[str], None] = print) -> bool:
@@ -404,11 +443,17 @@ def run_selftest(host: Host, settings: Settings, emit: Callable[[str], None] = p
     gpu_count, source = visible_gpus(host, settings.timeout_s) if settings.expect_gpus != 0 else (0, "")
     record(check_gpus(gpu_count, source, settings.expect_gpus))
     record(check_efa(host, settings))
-    device = choose_allreduce_device(gpu_count)
+    efa = efa_expected(settings)
+    device, ranks = plan_allreduce(gpu_count, efa)
+    output = ""
     if build.ok:
-        record(check_allreduce(host, settings, device))
+        allreduce, output = check_allreduce(host, settings, device, ranks)
+        record(allreduce)
     else:
         record(CheckResult("allreduce", False, "not run: Horovod's build check failed"))
+    if efa:
+        record(check_nccl_uses_efa(output, device) if build.ok
+               else CheckResult("nccl over efa", False, "not run: Horovod's build check failed"))
     ok = all(r.ok for r in results)
     emit(f"selftest: {'passed' if ok else 'FAILED'} ({sum(r.ok for r in results)}/{len(results)} ok)")
     return ok
@@ -750,17 +795,15 @@ def main(
         inv = parse_invocation(argv, env)
         if inv.mode == "allreduce-worker":
             return allreduce_worker(inv.args[0])
-        settings = parse_settings(env)
         host = host or Host(env=env)
         if inv.mode == "sshd":
             stop_grace_s = parse_stop_grace(env)
             ssh_dir = Path(env.get("RINGTRAIN_SSH_DIR", str(DEFAULT_SSH_DIR)))
             for note in prepare_sshd(ssh_dir, DEFAULT_HOST_KEY_DIR, SSHD_RUN_DIR, host):
                 print(f"entrypoint: {note}", flush=True)
-        if inv.selftest and not run_selftest(host, settings, emit=lambda s: print(s, flush=True)):
-            return EXIT_SELFTEST_FAILED
         if inv.mode == "selftest":
-            return EXIT_OK
+            ok = run_selftest(host, parse_settings(env), emit=lambda s: print(s, flush=True))
+            return EXIT_OK if ok else EXIT_SELFTEST_FAILED
         cmd = handover_command(inv, python=host.python, sshd=SSHD)
     except UsageError as e:
         print(f"entrypoint: error: {e}", file=sys.stderr)

@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--min-hosts", type=int, default=None, help="elastic: fewest hosts to keep training")
     submit.add_argument("--node-group", help="GPU node group (default: the stack's only one)")
     submit.add_argument("--dataset", help="dataset name under s3://<datasets>/datasets/ (default: job name)")
-    submit.add_argument("--image", help="full image reference (default <ecrRepositoryUrl>:<image/VERSION>)")
+    submit.add_argument("--image",
+                        help="full worker image reference (default <ecrRepositoryUrl>:<image/VERSION>); the "
+                             "launcher runs <image>-launcher, which scripts/image-build pushes beside it")
     submit.add_argument("--worker-memory", metavar="QUANTITY",
                         help="each worker pod's memory limit, e.g. 160Gi (default: most of the node's "
                              "allocatable memory, from infra/catalog.yaml)")

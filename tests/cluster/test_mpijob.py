@@ -201,9 +201,9 @@ def test_storage_locations_image_and_run_policy():
     assert manifest["spec"]["runPolicy"] == {"cleanPodPolicy": "All", "backoffLimit": 2,
                                              "ttlSecondsAfterFinished": 60}
     assert manifest["spec"]["sshAuthMountPath"] == "/root/.ssh"
-    for role in ("Launcher", "Worker"):
+    for role, image in (("Launcher", IMAGE + "-launcher"), ("Worker", IMAGE)):
         (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
-        assert container["image"] == IMAGE
+        assert container["image"] == image
         assert "env" not in container  # on AWS the pod's role supplies S3 credentials: nothing to pass
 
 
@@ -308,7 +308,7 @@ def test_pod_args_are_modes_the_image_entrypoint_accepts():
         return replicas[role]["template"]["spec"]["containers"][0]["args"]
 
     launcher = entrypoint.parse_invocation(args("Launcher"), {})
-    assert launcher.mode == "launcher" and not launcher.selftest
+    assert launcher.mode == "launcher"
     assert list(launcher.args) == launch_args(STATIC)
     worker = entrypoint.parse_invocation(args("Worker"), {})
     assert worker.mode == "sshd"

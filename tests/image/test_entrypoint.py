@@ -48,16 +48,32 @@ def settings(**kw):
 
 
 def fake_host(tmp_path: Path, *, check_build: str | None = CHECK_BUILD_CUDA, check_build_rc: int = 0,
-              nvidia_smi: str | None = None, fi_info: str | None = None, fi_info_rc: int = 0) -> ep.Host:
-    """A Host whose PATH holds only the fakes asked for; its interpreter is this test's Python."""
+              nvidia_smi: str | None = None, fi_info: str | None = None, fi_info_rc: int = 0,
+              nccl_log: str | None = None) -> ep.Host:
+    """A Host whose PATH holds only the fakes asked for; its interpreter is this test's Python.
+
+    With `nccl_log`, the fake horovodrun also runs an allreduce: every rank of `-np N` reports success,
+    and the ranks print `nccl_log` only when NCCL_DEBUG=INFO reaches them (as NCCL logs nothing else)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     if check_build is not None:
         fake_executable(bin_dir, "horovodrun", f"""
-            import sys
+            import os, sys
+            LOG = {nccl_log!r}
             if sys.argv[1:] == ["--check-build"]:
                 sys.stdout.write({check_build!r}); sys.exit({check_build_rc})
-            sys.exit("fake horovodrun only answers --check-build")
+            if LOG is None:
+                sys.exit("fake horovodrun only answers --check-build")
+            args = sys.argv[1:]
+            n = int(args[args.index("-np") + 1])
+            device = args[args.index("--device") + 1]
+            subsys = os.environ.get("NCCL_DEBUG_SUBSYS", "")
+            logging = os.environ.get("NCCL_DEBUG") == "INFO" and "NET" in subsys
+            for r in range(n):
+                if logging:
+                    for line in LOG.splitlines():
+                        print(f"[{{r}}]<stdout>:{{line}}")
+                print(f"[{{r}}]<stdout>:{ep.ALLREDUCE_OK} rank={{r}} size={{n}} device={{device}}")
         """)
     if nvidia_smi is not None:
         fake_executable(bin_dir, "nvidia-smi", f"""
@@ -142,8 +158,11 @@ def test_no_gpu_fails_by_default_and_is_skipped_when_not_expected(tmp_path):
     assert skipped.ok and skipped.skipped
 
 
-def test_allreduce_uses_nccl_only_with_two_gpus():
-    assert [ep.choose_allreduce_device(n) for n in (0, 1, 2, 8)] == ["cpu", "cpu", "cuda", "cuda"]
+def test_allreduce_runs_nccl_on_every_gpu_with_two_or_with_efa():
+    assert [ep.plan_allreduce(n, efa=False) for n in (0, 1, 2, 8)] == [
+        ("cpu", 2), ("cpu", 2), ("cuda", 2), ("cuda", 8)]
+    # With EFA expected even one GPU runs NCCL: only NCCL can show the EFA provider in use.
+    assert [ep.plan_allreduce(n, efa=True) for n in (0, 1, 4)] == [("cpu", 2), ("cuda", 1), ("cuda", 4)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,16 +220,12 @@ def test_expected_efa_count_must_be_met(tmp_path):
 
 def test_invocations():
     env = {}
-    assert ep.parse_invocation(["selftest"], env) == ep.Invocation("selftest", True, ())
-    assert ep.parse_invocation(["sshd"], env) == ep.Invocation("sshd", False, ())
-    assert ep.parse_invocation(["train", "--epochs", "3"], env) == \
-        ep.Invocation("train", False, ("--epochs", "3"))
-    assert ep.parse_invocation(["train", "--selftest", "--", "--selftest"], env) == \
-        ep.Invocation("train", True, ("--selftest",))
-    assert ep.parse_invocation(["train"], {"RINGTRAIN_SELFTEST": "1"}).selftest is True
-    assert ep.parse_invocation(["train", "--no-selftest"], {"RINGTRAIN_SELFTEST": "1"}).selftest is False
+    assert ep.parse_invocation(["selftest"], env) == ep.Invocation("selftest", ())
+    assert ep.parse_invocation(["sshd"], env) == ep.Invocation("sshd", ())
+    assert ep.parse_invocation(["train", "--epochs", "3"], env) == ep.Invocation("train", ("--epochs", "3"))
+    assert ep.parse_invocation(["train", "--", "--selftest"], env) == ep.Invocation("train", ("--selftest",))
     launcher = ep.parse_invocation(["launcher", "--", "horovodrun", "-np", "2"], env)
-    assert launcher.args == ("horovodrun", "-np", "2")
+    assert launcher == ep.Invocation("launcher", ("horovodrun", "-np", "2"))
 
 
 @pytest.mark.parametrize(
@@ -220,7 +235,11 @@ def test_invocations():
         (["serve"], {}, "unknown mode 'serve'"),
         (["launcher"], {}, "needs the command to run"),
         (["sshd", "-p", "2222"], {}, "takes no arguments"),
-        (["train"], {"RINGTRAIN_SELFTEST": "maybe"}, "RINGTRAIN_SELFTEST='maybe': use 1 or 0"),
+        # The self-test never precedes the trainer or the launcher: it is the worker's init container.
+        (["launcher", "--", "horovodrun"], {"RINGTRAIN_SELFTEST": "1"}, "mode 'launcher' runs no self-test"),
+        (["launcher", "--selftest", "--", "horovodrun"], {}, "mode 'launcher' runs no self-test"),
+        (["train"], {"RINGTRAIN_SELFTEST": "0"}, "mode 'train' runs no self-test"),
+        (["train", "--selftest"], {}, "run `entrypoint.py selftest`, as the MPIJob's worker init container"),
     ],
 )
 def test_bad_invocations_are_refused_with_one_message(argv, env, message):
@@ -256,16 +275,89 @@ def test_env_file_parsing_and_defaults_never_override():
 # The self-test as a whole and the hand-over (main with an injected exec)
 
 
-def test_failed_selftest_blocks_the_handover(tmp_path, capsys):
+def test_failed_selftest_exits_1_and_hands_over_to_nothing(tmp_path, capsys):
     host = fake_host(tmp_path, check_build=CHECK_BUILD_CPU)
     execs = []
-    rc = ep.main(["train", "--selftest", "--epochs", "1"], env={"RINGTRAIN_EXPECT_GPUS": "0"},
+    rc = ep.main(["selftest"], env={"RINGTRAIN_EXPECT_GPUS": "0"},
                  exec_fn=lambda cmd, env: execs.append(cmd), host=host)
     out = capsys.readouterr().out
     assert rc == ep.EXIT_SELFTEST_FAILED and execs == []
     assert "selftest: FAIL horovod check-build: Horovod was built without MPI, NCCL" in out
     assert "selftest: FAIL allreduce: not run" in out
     assert "selftest: FAILED" in out
+
+
+def test_the_launcher_never_reads_the_selftest_settings(tmp_path):
+    """The launcher image has no GPU: its mode must not parse (or run) anything of the self-test."""
+    execs = []
+    rc = ep.main(["launcher", "--", "horovodrun", "-np", "2"], env={"RINGTRAIN_EXPECT_EFA": "lots"},
+                 exec_fn=lambda cmd, env: execs.append(cmd), host=fake_host(tmp_path))
+    assert rc == 0 and execs == [["horovodrun", "-np", "2"]]
+
+
+NCCL_OVER_EFA = (
+    "ip-10-0-1-5:77:77 [0] NCCL INFO NET/Plugin: Loaded net plugin Libfabric (v9)\n"
+    "ip-10-0-1-5:77:77 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 4 nics)\n"
+    "ip-10-0-1-5:77:77 [0] NCCL INFO Using network Libfabric\n"
+)
+NCCL_OVER_SOCKETS = (
+    "ip-10-0-1-5:77:77 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net-ofi.so\n"
+    "ip-10-0-1-5:77:77 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.1.5<0>\n"
+    "ip-10-0-1-5:77:77 [0] NCCL INFO Using network Socket\n"
+)
+NVIDIA_SMI_4 = "".join(f"GPU {i}: NVIDIA A10G (UUID: GPU-{i}{i}{i})\n" for i in range(4))
+
+
+def efa_node(tmp_path: Path, nccl_log: str, *, check_build: str = CHECK_BUILD_CUDA) -> ep.Host:
+    """A g5.12xlarge-like node: 4 GPUs, one EFA device with a working libfabric provider."""
+    host = fake_host(tmp_path, check_build=check_build, nvidia_smi=NVIDIA_SMI_4, fi_info=FI_INFO_EFA,
+                     nccl_log=nccl_log)
+    make_rdma_device(host.sysfs_infiniband, "rdmap0s6", "efa")
+    return host
+
+
+def test_on_efa_nodes_nccl_must_report_the_efa_provider(tmp_path):
+    lines = []
+    ok = ep.run_selftest(efa_node(tmp_path, NCCL_OVER_EFA), settings(expect_gpus=4, expect_efa=1),
+                         emit=lines.append)
+    assert ok, lines
+    assert "selftest: PASS allreduce (4 ranks, NCCL on GPU): all 4 ranks got the expected sum" in lines
+    assert any(line.startswith("selftest: PASS nccl over efa: ") and "Selected provider is efa" in line
+               for line in lines), lines
+    assert lines[-1] == "selftest: passed (5/5 ok)"
+
+
+def test_nccl_over_sockets_fails_the_efa_node_early(tmp_path):
+    lines = []
+    ok = ep.run_selftest(efa_node(tmp_path, NCCL_OVER_SOCKETS), settings(expect_gpus=4, expect_efa=1),
+                         emit=lines.append)
+    assert not ok
+    (failure,) = [line for line in lines if "nccl over efa" in line]
+    assert failure.startswith("selftest: FAIL nccl over efa: NCCL used network 'Socket', not the EFA "
+                              "provider: the job would run over TCP")
+    assert lines[-1] == "selftest: FAILED (4/5 ok)"
+
+
+def test_the_efa_check_reads_nccls_own_log(tmp_path):
+    """The EFA line only appears because the self-test turns NCCL's INFO log on for the allreduce."""
+    host = efa_node(tmp_path, NCCL_OVER_EFA)
+    result, output = ep.check_allreduce(host, settings(), "cuda", 4)
+    assert result.ok and ep.NCCL_USES_EFA.search(output)
+    quiet, _ = ep.check_allreduce(host, settings(), "cpu", 2)  # Gloo: no NCCL log asked for
+    assert quiet.ok and "NCCL INFO" not in _
+
+
+def test_efa_not_expected_means_no_nccl_provider_check(tmp_path):
+    lines = []
+    ok = ep.run_selftest(efa_node(tmp_path, NCCL_OVER_SOCKETS), settings(expect_gpus=4), emit=lines.append)
+    assert ok and not any("nccl over efa" in line for line in lines), lines
+
+
+def test_efa_expected_without_a_working_horovod_is_reported_not_run(tmp_path):
+    lines = []
+    host = efa_node(tmp_path, NCCL_OVER_EFA, check_build=CHECK_BUILD_CPU)
+    assert not ep.run_selftest(host, settings(expect_gpus=4, expect_efa=1), emit=lines.append)
+    assert "selftest: FAIL nccl over efa: not run: Horovod's build check failed" in lines
 
 
 def test_train_hands_over_to_the_trainer_with_env_defaults(tmp_path):
@@ -282,7 +374,7 @@ def test_train_hands_over_to_the_trainer_with_env_defaults(tmp_path):
 
 def test_bad_configuration_exits_2_with_one_line(tmp_path, capsys):
     execs = []
-    rc = ep.main(["train", "--selftest"], env={"RINGTRAIN_EXPECT_EFA": "lots"},
+    rc = ep.main(["selftest"], env={"RINGTRAIN_EXPECT_EFA": "lots"},
                  exec_fn=lambda cmd, env: execs.append(cmd), host=fake_host(tmp_path))
     err = capsys.readouterr().err
     assert rc == ep.EXIT_USAGE and execs == []
@@ -358,7 +450,7 @@ def test_selftest_runs_a_real_two_rank_gloo_allreduce():
                          text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "selftest: PASS horovod check-build: built with PyTorch, Gloo" in res.stdout
-    assert "selftest: PASS allreduce (2 ranks, Gloo on CPU): both ranks got the expected sum" in res.stdout
+    assert "selftest: PASS allreduce (2 ranks, Gloo on CPU): all 2 ranks got the expected sum" in res.stdout
     assert res.stdout.strip().splitlines()[-1] == "selftest: passed (4/4 ok)"
 
 
@@ -368,5 +460,5 @@ def test_allreduce_check_fails_when_a_rank_cannot_start(tmp_path):
     broken_python = fake_executable(tmp_path, "broken-python", "raise SystemExit(3)")
     host = ep.Host(env=dict(os.environ), python=str(broken_python))
     host.which = lambda name: str(Path(sys.executable).parent / name)  # the real horovodrun
-    r = ep.check_allreduce(host, settings(timeout_s=120), "cpu")
+    r, _ = ep.check_allreduce(host, settings(timeout_s=120), "cpu")
     assert not r.ok and "ranks ok: []" in r.detail
