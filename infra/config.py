@@ -129,6 +129,10 @@ class DataConfig(_Section):
                     "a letter or digit (buckets are <prefix>-datasets and <prefix>-checkpoints)")
     checkpoint_noncurrent_days: int = Field(
         ge=1, le=3650, description="days to keep overwritten checkpoint versions, 1..3650")
+    # Versioned buckets keep every overwritten or deleted object as a noncurrent version, billed like
+    # the current one, until a lifecycle rule expires it.
+    dataset_noncurrent_days: int = Field(
+        default=30, ge=1, le=3650, description="days to keep overwritten dataset versions, 1..3650")
     abort_incomplete_upload_days: int = Field(
         default=7, ge=1, le=365, description="days before incomplete multipart uploads are aborted, 1..365")
     image_keep_count: int = Field(

@@ -86,7 +86,8 @@ class DataLayer(pulumi.ComponentResource):
                       opts=keep(self.kms_key))
 
         names = bucket_names(cfg.bucket_prefix)
-        self.datasets_bucket = self._bucket(f"{name}-datasets", names["datasets"], cfg, noncurrent_days=None)
+        self.datasets_bucket = self._bucket(f"{name}-datasets", names["datasets"], cfg,
+                                            noncurrent_days=cfg.dataset_noncurrent_days)
         self.checkpoints_bucket = self._bucket(f"{name}-checkpoints", names["checkpoints"], cfg,
                                                noncurrent_days=cfg.checkpoint_noncurrent_days)
 
@@ -114,7 +115,7 @@ class DataLayer(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=parent, protect=self._protect)
 
     def _bucket(self, logical: str, bucket_name: str, cfg: DataConfig,
-                noncurrent_days: int | None) -> aws.s3.Bucket:
+                noncurrent_days: int) -> aws.s3.Bucket:
         keep = self._opts
         bucket = aws.s3.Bucket(logical, bucket=bucket_name, force_destroy=False, opts=keep(self))
         owner = aws.s3.BucketOwnershipControls(
@@ -147,14 +148,13 @@ class DataLayer(pulumi.ComponentResource):
             filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
             abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
                 days_after_initiation=cfg.abort_incomplete_upload_days))]
-        if noncurrent_days is not None:
-            rules.append(aws.s3.BucketLifecycleConfigurationRuleArgs(
-                id="expire-noncurrent-versions", status="Enabled",
-                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
-                noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                    noncurrent_days=noncurrent_days),
-                expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
-                    expired_object_delete_marker=True)))
+        rules.append(aws.s3.BucketLifecycleConfigurationRuleArgs(
+            id="expire-noncurrent-versions", status="Enabled",
+            filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+            noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                noncurrent_days=noncurrent_days),
+            expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
+                expired_object_delete_marker=True)))
         aws.s3.BucketLifecycleConfiguration(
             logical, bucket=bucket.id, rules=rules,
             # Lifecycle rules on a versioned bucket need versioning configured first.

@@ -247,3 +247,20 @@ def test_the_stack_budget_stays_with_compute_off_and_counts_only_this_projects_s
         ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)}
     for note in budget.inputs["notifications"]:
         assert note["subscriberEmailAddresses"] == [cost_guard["notificationEmail"]]
+
+
+# -- S3 ---------------------------------------------------------------------------------------------
+
+
+def test_every_versioned_bucket_expires_its_noncurrent_versions(stack):
+    """A versioned bucket keeps every overwritten or deleted object as a noncurrent version, billed
+    like a current one, until a lifecycle rule with NoncurrentVersionExpiration removes it."""
+    versioned = {v.inputs["bucket"] for v in stack.of_type("aws:s3/bucketVersioning:BucketVersioning")
+                 if v.inputs["versioningConfiguration"]["status"] == "Enabled"}
+    assert versioned
+    lifecycles = {lc.inputs["bucket"]: lc
+                  for lc in stack.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")}
+    for bucket in versioned:
+        rules = lifecycles[bucket].inputs["rules"]
+        assert any(r["status"] == "Enabled" and r.get("noncurrentVersionExpiration", {}).get("noncurrentDays")
+                   for r in rules), bucket

@@ -61,7 +61,9 @@ def test_lifecycle_expires_old_checkpoint_versions_and_aborts_uploads(committed,
         assert abort["abortIncompleteMultipartUpload"]["daysAfterInitiation"] == 7
     expire = rules["checkpoints"]["expire-noncurrent-versions"]
     assert expire["noncurrentVersionExpiration"]["noncurrentDays"] == data_cfg["checkpointNoncurrentDays"]
-    assert "expire-noncurrent-versions" not in rules["datasets"]
+    expire = rules["datasets"]["expire-noncurrent-versions"]
+    dataset_days = data_cfg.get("datasetNoncurrentDays", 30)  # the default of infra/config.py
+    assert expire["noncurrentVersionExpiration"]["noncurrentDays"] == dataset_days
 
 
 def test_ecr_repository_is_immutable_scanned_encrypted_with_lifecycle(committed):
