@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="stand a cluster up, train on it, show a spot reclaim and the resume, tear it down",
         description=(
             "Stand a cluster up, write a small generated dataset into its datasets bucket, run Horovod\n"
-            "data-parallel training on it with `horovodrun` (the command the MPIJob launcher runs),\n"
+            "data-parallel training on it (the job is rendered as the MPIJob EKS would run, and locally\n"
+            "executed the way the MPI Operator runs it: worker pods, /etc/mpi, the launcher's horovodrun),\n"
             "reclaim one host mid-run the way spot does (SIGTERM to its workers, then the host goes away),\n"
             "resume from the checkpoint (or continue elastically), print a summary and tear down.\n\n"
             "Local backend: as root each worker host is a Linux network namespace with its own address and\n"

@@ -3,8 +3,12 @@
     up()      worker hosts (network namespaces reached over ssh, or localhost processes without
               root), an S3-compatible store (moto server) on the address the hosts reach, and the
               same two buckets the AWS stack creates: <prefix>-datasets, <prefix>-checkpoints
-    submit()  runs `cluster.launch.horovodrun_command(job)` (what the MPIJob launcher runs) from
-              the root namespace; horovodrun reaches the hosts by ssh
+    render()  the job as the MPIJob EKS would run (cluster.mpijob.render_mpijob, the one rendering),
+              with this cluster's parameters (its store, its interface, its sshd port)
+    submit()  renders the job and runs that object with the local executor (cluster/local/executor.py):
+              worker pods on the hosts, the operator's /etc/mpi files, the launcher container's
+              command and environment on the launcher host; horovodrun reaches the workers by ssh
+    wait()    the job's exit code through cluster.exit_codes, the mapping the AWS backend uses
     reclaim() / restore()   spot-style fault injection on one host
     down()    stops every process it started, removes namespaces, bridge, store and temp dir
 
@@ -19,7 +23,6 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -28,14 +31,20 @@ from pathlib import Path
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.exit_codes import failure_message, job_exit_code, parse_summary
 from cluster.job import JobSpec, cores_per_worker
-from cluster.launch import horovodrun_command
 from cluster.local import procs, reaper
+from cluster.local.executor import LocalExecutor, RunningLauncher
 from cluster.local.hosts import HostError, LocalHosts
 from cluster.local.network import NetworkSetupError
 from cluster.local.objectstore import ObjectStore, free_port
 from cluster.local.ssh import SshSetupError
+from cluster.mpijob import SYSTEM_NODES, WorkerNodes, render_mpijob, shm_size_limit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# What the rendered MPIJob names where EKS would name the stack's: the same namespace and service
+# account (infra/platform.py), and an image tag standing for this checkout (nothing is pulled).
+LOCAL_NAMESPACE = "training"
+LOCAL_SERVICE_ACCOUNT = "trainer"
+LOCAL_IMAGE = "ringtrain-local:checkout"
 
 
 def bucket_names(prefix: str) -> tuple[str, str]:
@@ -51,14 +60,27 @@ def storage_for(prefix: str, job_name: str, dataset: str, endpoint_url: str | No
                    endpoint_url=endpoint_url, env=dict(env))
 
 
+def local_worker_nodes(cpus: int, memory_bytes: int) -> WorkerNodes:
+    """The local hosts as the renderer's worker nodes: no GPUs or EFA; the machine's memory and cores,
+    which every host shares (nothing enforces these locally)."""
+    gib = max(1, memory_bytes // 2 ** 30)
+    return WorkerNodes(node_group="local", instance_types=("local",), gpus_per_node=0, efa_interfaces=0,
+                       capacity_type="ON_DEMAND", memory_limit=f"{gib}Gi", cpu_request=str(cpus),
+                       shm_size_limit=shm_size_limit(gib))
+
+
 @dataclasses.dataclass
 class _RunningJob:
-    proc: subprocess.Popen
+    launcher: RunningLauncher
     lines: list[str]
     queue: queue.Queue
     reader: threading.Thread
     metrics_file: Path
     log_file: Path
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.launcher.proc
 
 
 class LocalBackend(Backend):
@@ -116,6 +138,7 @@ class LocalBackend(Backend):
         for name in list(self._jobs):
             job = self._jobs.pop(name)
             procs.stop_popen_tree(job.proc)
+            job.launcher.remove_listener()
             job.reader.join(timeout=10)
         if self.hosts is not None:
             try:
@@ -138,8 +161,20 @@ class LocalBackend(Backend):
         return storage_for(self.prefix, job_name, self.dataset, store.endpoint_url, store.env())
 
     # ------------------------------------------------------------------ jobs
+    def render(self, job: JobSpec) -> dict:
+        """The MPIJob this backend runs for `job`: the AWS backend's rendering with this cluster's
+        parameters (storage, network interface, sshd port, the machine as the worker nodes)."""
+        hosts = self._hosts()
+        keys = hosts.keys
+        assert keys is not None
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return render_mpijob(job, image=LOCAL_IMAGE, storage=self.storage(job.name),
+                             namespace=LOCAL_NAMESPACE, service_account=LOCAL_SERVICE_ACCOUNT,
+                             workers=local_worker_nodes(len(os.sched_getaffinity(0)), memory),
+                             launcher=SYSTEM_NODES, network_interface=hosts.iface, ssh_port=keys.port)
+
     def submit(self, job: JobSpec) -> JobHandle:
-        hosts, store = self._hosts(), self._store()
+        hosts = self._hosts()
         live = hosts.live()
         if not live:
             raise BackendError("no live hosts to run on (all reclaimed); restore one first")
@@ -155,25 +190,20 @@ class LocalBackend(Backend):
         metrics_file = jobdir / "metrics.jsonl"
         if "--metrics-file" not in trainer_args:
             trainer_args += ["--metrics-file", str(metrics_file)]
-        job = dataclasses.replace(job, trainer_args=tuple(trainer_args))
-        cmd = horovodrun_command(
-            job,
-            hosts=None if job.elastic else [f"{h.address}:{h.slots}" for h in live[: job.num_hosts]],
-            discovery_script=str(hosts.discovery_script_path) if job.elastic else None,
-            network_interface=hosts.iface,
-            python=sys.executable,
-        )
-        cmd[0] = str(Path(sys.executable).with_name("horovodrun"))
-        env = {**os.environ, **store.env(), **job.env, **hosts.launcher_env(), "PYTHONUNBUFFERED": "1"}
         # Local hosts are namespaces on one machine: all of the job's workers share its cores (the
         # trainer alone would only divide a host's cores among that host's workers).
         threads = cores_per_worker(len(os.sched_getaffinity(0)), job.num_procs)
-        env.setdefault("OMP_NUM_THREADS", str(threads))
+        env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **job.env}
+        job = dataclasses.replace(job, trainer_args=tuple(trainer_args), env=env)
+        mpijob = self.render(job)
+        (jobdir / "mpijob.json").write_text(json.dumps(mpijob, indent=2))
         log_file = jobdir / "output.log"
-        (jobdir / "command.json").write_text(json.dumps(cmd))
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
-                                start_new_session=True)
+        try:
+            launcher = LocalExecutor(hosts, jobdir, self.log).start(mpijob, subprocess.PIPE)
+        except (HostError, NetworkSetupError, OSError) as e:
+            raise BackendError(f"could not start job {job.name}: {e}") from e
+        (jobdir / "command.json").write_text(json.dumps(launcher.argv))
+        proc = launcher.proc
         lines: list[str] = []
         q: queue.Queue = queue.Queue()
 
@@ -189,11 +219,12 @@ class LocalBackend(Backend):
 
         reader = threading.Thread(target=read, name=f"logs-{job.name}", daemon=True)
         reader.start()
-        self._jobs[job.name] = _RunningJob(proc, lines, q, reader, metrics_file, log_file)
+        self._jobs[job.name] = _RunningJob(launcher, lines, q, reader, metrics_file, log_file)
         return JobHandle(name=job.name, backend=self.name,
-                         details={"command": cmd, "log_file": str(log_file),
+                         details={"command": launcher.argv, "process": launcher.command, "mpijob": mpijob,
+                                  "log_file": str(log_file),
                                   "metrics_file": str(metrics_file), "elastic": job.elastic,
-                                  "hosts": [h.name for h in live[: job.num_hosts]]})
+                                  "hosts": [h.name for h in hosts.hosts if h.pod]})
 
     def logs(self, handle: JobHandle) -> Iterator[str]:
         job = self._job(handle)
@@ -216,6 +247,7 @@ class LocalBackend(Backend):
         except subprocess.TimeoutExpired:
             raise BackendError(f"job {handle.name} still running after {timeout_s:g}s") from None
         job.reader.join(timeout=30)
+        job.launcher.remove_listener()
         summary = parse_summary(job.lines)
         code = job_exit_code(rc, job.lines)
         message = "" if code == 0 else failure_message(code, job.lines)
@@ -252,7 +284,8 @@ class LocalBackend(Backend):
             state = "up" if h.live else "reclaimed"
             lines.append(f"  {h.name}  {h.address}  {state}  ssh: {' '.join(hosts.ssh_command(h.name))}")
         lines.append(f"object store: {store.endpoint_url}  buckets: {', '.join(bucket_names(self.prefix))}")
-        lines.append(f"discovery script: {hosts.discovery_script_path}")
+        if hosts.launcher is not None:
+            lines.append(f"launcher host: {hosts.launcher.address} (namespace {hosts.launcher.netns})")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ internals

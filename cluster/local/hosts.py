@@ -1,12 +1,15 @@
-"""The local worker hosts: each one a network host with its own sshd, listed by a discovery script.
+"""The local hosts: worker hosts (nodes), each a network host with its own sshd, and the launcher host.
 
     with LocalHosts(num_hosts=2, workdir=tmp) as hosts:
         hosts.live()                      # hosts that are up now
+        hosts.run_pods({"host-0": Pod(...)})  # a job's worker pods: name, environment
         hosts.reclaim("host-1", grace_s)  # spot reclaim: SIGTERM its workers, then the host goes away
         hosts.restore("host-1")           # a replacement node with the same name and address
 
-The discovery script follows the MPI Operator's `/etc/mpi/discover_hosts.sh` contract: it prints
-one `address:slots` line per live host, so horovodrun's elastic driver sees hosts leave and return.
+A worker host runs at most one worker pod at a time: its sshd, started with the pod's hostname and
+environment, and resolvable in every namespace under the pod's names (`<pod>.<job>.<ns>.svc`), as the
+job's headless Service makes it on Kubernetes. Listeners added with `on_change` hear when the set of
+running hosts changes (the local executor rewrites the operator's discover_hosts.sh then).
 """
 
 from __future__ import annotations
@@ -32,14 +35,13 @@ class HostError(RuntimeError):
     """A worker host could not be started, found, reclaimed or restored."""
 
 
-def discovery_lines(addresses_and_slots: list[tuple[str, int]]) -> str:
-    """The discovery script's output: one `host:slots` per live host (pure)."""
-    return "".join(f"{addr}:{slots}\n" for addr, slots in addresses_and_slots)
+@dataclass(frozen=True)
+class Pod:
+    """A worker pod placed on a host: its hostname, the names it resolves under, its container's env."""
 
-
-def discovery_script(hosts_file: Path) -> str:
-    # The file is replaced atomically (rename), so the script never prints a half-written list.
-    return f"#!/bin/sh\nexec cat {hosts_file}\n"
+    hostname: str
+    names: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def pick_port(addresses: list[str], start: int = 20000, end: int = 60000, tries: int = 50) -> int:
@@ -72,6 +74,7 @@ class Host:
     cpus: tuple[int, ...] | None = None
     sshd: subprocess.Popen | None = None
     live: bool = False
+    pod: Pod | None = None      # the worker pod this host runs (its sshd is the pod's)
 
     @property
     def name(self) -> str:
@@ -80,6 +83,11 @@ class Host:
     @property
     def address(self) -> str:
         return self.plan.address
+
+    def environment(self) -> dict[str, str] | None:
+        """The environment its sshd starts with: the pod's container env over this machine's, if it runs
+        a pod (None: inherit). As in a pod, sshd does not pass it on to the sessions it opens."""
+        return {**os.environ, **dict(self.pod.env)} if self.pod else None
 
 
 @dataclass
@@ -96,7 +104,9 @@ class LocalHosts:
     fallback_reason: str = ""
     keys: ssh.SshKeys | None = None
     hosts: list[Host] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    mpi_mount: network.MountPoint | None = None
+    _listeners: list[Callable[[], None]] = field(default_factory=list)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
     _closed: bool = False   # set by down(): a late restore() must not rebuild a host
 
     # ---------------------------------------------------------------- lifecycle
@@ -122,7 +132,10 @@ class LocalHosts:
             machine = sorted(os.sched_getaffinity(0))
             self.hosts = [Host(plan=h, slots=self.slots_per_host, cpus=cpu_share(machine, i, self.num_hosts))
                           for i, h in enumerate(self.plan.hosts)]
-            self._write_discovery()
+            if self.plan.launcher is not None:
+                # The launcher pod's node: its own namespace on the bridge, where /etc/mpi can be mounted.
+                self.mpi_mount = network.claim_mount_point(network.CONFIG_MOUNT_PATH)
+                network.create_host_netns(self.plan, self.plan.launcher, self._hosts_file())
             for host in self.hosts:
                 self._start_host(host)
         except BaseException:
@@ -140,6 +153,14 @@ class LocalHosts:
                 self._stop_host(host)
             except Exception as e:  # keep tearing down the rest
                 errors.append(f"{host.name}: {e}")
+        if self.plan is not None and self.plan.launcher is not None:
+            try:
+                network.delete_host_netns(self.plan.launcher)
+            except Exception as e:
+                errors.append(f"launcher: {e}")
+        if self.mpi_mount is not None:
+            self.mpi_mount.release()
+            self.mpi_mount = None
         if self.plan is not None and self.plan.isolated:
             try:
                 network.delete_bridge(self.plan)
@@ -157,19 +178,42 @@ class LocalHosts:
     # ---------------------------------------------------------------- queries
     @property
     def iface(self) -> str:
-        return self._plan().iface
+        """The interface Horovod talks over, the same name on launcher and workers (eth0, or lo)."""
+        return self._plan().pod_iface
 
     @property
     def driver_address(self) -> str:
         return self._plan().driver_address
 
     @property
-    def hosts_file(self) -> Path:
-        return self.workdir / "live_hosts"
+    def launcher(self) -> HostPlan | None:
+        """The launcher's namespace; None in the loopback fallback (the launcher runs on localhost)."""
+        return self._plan().launcher
 
-    @property
-    def discovery_script_path(self) -> Path:
-        return self.workdir / "discover_hosts.sh"
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener` (under the hosts' lock) whenever a host starts or stops; returns a remover."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+        return remove
+
+    def run_pods(self, pods: dict[str, Pod]) -> None:
+        """Place a job's worker pods (host name -> pod; every other host runs none): the names resolve in
+        every namespace, and each live host's sshd is restarted as its pod's (hostname, environment)."""
+        unknown = [name for name in pods if name not in [h.name for h in self.hosts]]
+        if unknown:
+            raise HostError(f"no host {', '.join(unknown)} (hosts: {', '.join(h.name for h in self.hosts)})")
+        with self._lock:
+            for host in self.hosts:
+                host.pod = pods.get(host.name)
+            self._write_hosts_files()
+        for host in self.hosts:
+            if host.live:
+                self._stop_host(host, keep_namespace=True)
+                self._start_host(host)
 
     def live(self) -> list[Host]:
         return [h for h in self.hosts if h.live]
@@ -182,18 +226,18 @@ class LocalHosts:
 
     def describe(self) -> str:
         if self.isolated:
-            kind = f"network namespaces on bridge {self.iface} ({self._plan().cidr})"
+            kind = f"network namespaces on bridge {self._plan().bridge} ({self._plan().cidr})"
         else:
             kind = f"processes on localhost (loopback addresses; {self.fallback_reason or 'requested'})"
         return f"{len(self.hosts)} hosts as {kind}"
 
-    def launcher_env(self) -> dict[str, str]:
-        """Put the `ssh` wrapper (cluster key, no known_hosts) first on horovodrun's PATH."""
-        return {"PATH": f"{self._keys().bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-
     def ssh_command(self, host: str) -> list[str]:
         h = self.get(host)
         return [str(self._keys().bin_dir / "ssh"), h.address]
+
+    def names(self) -> dict[str, str]:
+        """Every pod name -> the address it resolves to (for the ssh client where no /etc/hosts can)."""
+        return {name: h.address for h in self.hosts if h.pod for name in h.pod.names}
 
     def host_processes(self, host: Host) -> list[psutil.Process]:
         """Everything running on a host: its sshd, its sessions, the workers under them."""
@@ -225,7 +269,7 @@ class LocalHosts:
             raise HostError(f"{host.name} is not up")
         with self._lock:
             host.live = False
-            self._write_discovery()   # the node leaves the cluster's host list at once
+            self._changed()   # the node leaves the cluster's host list at once
         if notice_s > 0:
             self.log(f"reclaim {host.name} ({host.address}): interruption notice, out of discovery; "
                      f"SIGTERM in {notice_s:g}s")
@@ -257,27 +301,37 @@ class LocalHosts:
             raise HostError("hosts are not up")
         return self.keys
 
-    def _write_discovery(self) -> None:
-        tmp = self.hosts_file.with_suffix(".tmp")
-        tmp.write_text(discovery_lines([(h.address, h.slots) for h in self.hosts if h.live]))
-        os.replace(tmp, self.hosts_file)
-        if not self.discovery_script_path.exists():
-            self.discovery_script_path.write_text(discovery_script(self.hosts_file))
-            self.discovery_script_path.chmod(0o755)
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def _hosts_file(self) -> str:
+        return network.hosts_file_for(self._plan(), {h.name: list(h.pod.names) for h in self.hosts if h.pod})
+
+    def _write_hosts_files(self) -> None:
+        plan, text = self._plan(), self._hosts_file()
+        for member in [*plan.hosts, *([plan.launcher] if plan.launcher else [])]:
+            if member.netns and network.etc_dir(member).exists():
+                network.write_hosts_file(member, text)
+        if not plan.isolated:
+            # No /etc/hosts of their own here: the launcher's ssh client maps the pod names instead.
+            ssh.write_client_config(self._keys(), self.names())
 
     def _start_host(self, host: Host) -> None:
         plan, keys = self._plan(), self._keys()
         with self._lock:
             if self._closed:
                 raise HostError(f"cannot start {host.name}: the cluster is being torn down")
-        if plan.isolated:
-            network.create_host_netns(plan, host.plan)
+        if plan.isolated and not network.netns_exists(host.plan.netns):
+            network.create_host_netns(plan, host.plan, self._hosts_file())
         config = ssh.write_sshd_config(keys, host.name, host.address)
         log_path = self.workdir / f"sshd.{host.name}.log"
+        pod = host.pod
         with open(log_path, "ab") as log_file:
             host.sshd = subprocess.Popen(
-                network.in_netns(host.plan, ssh.sshd_command(config)),
+                network.in_netns(host.plan, ssh.sshd_command(config), hostname=pod.hostname if pod else None),
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+                env=host.environment(),
             )
         if host.cpus:
             # Before sshd listens (we wait for that below), so every session, and every worker it
@@ -299,14 +353,14 @@ class LocalHosts:
                 time.sleep(0.1)
         with self._lock:
             host.live = True
-            self._write_discovery()
+            self._changed()
 
-    def _stop_host(self, host: Host) -> None:
+    def _stop_host(self, host: Host, keep_namespace: bool = False) -> None:
         with self._lock:
             if host.live:
                 host.live = False
                 if self.plan is not None:
-                    self._write_discovery()
+                    self._changed()
         procs.stop_processes(self.host_processes(host), grace_s=3)
         if host.sshd is not None:
             try:
@@ -315,5 +369,5 @@ class LocalHosts:
                 host.sshd.kill()
                 host.sshd.wait(timeout=5)
             host.sshd = None
-        if host.plan.netns:
+        if host.plan.netns and not keep_namespace:
             network.delete_host_netns(host.plan)

@@ -23,7 +23,7 @@ def leftovers(*, subnet_index: int | None, isolated: bool, workdir: Path | None,
             found.append(f"bridge {bridge}")
         links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
         found += [f"veth {ln.split(':')[1].strip()}" for ln in links.splitlines()
-                  if f" {network.VETH_PREFIX}{subnet_index}h" in ln]
+                  if any(f" {network.VETH_PREFIX}{subnet_index}{kind}" in ln for kind in "hl")]
         if network.ETC_NETNS.exists():
             found += [f"/etc/netns/{p.name}" for p in network.ETC_NETNS.iterdir()
                       if p.name.startswith(prefix)]

@@ -2,10 +2,10 @@
 
 As root every worker host is its own network namespace, joined by a veth pair to a bridge in the
 root namespace: hosts get distinct addresses, reach each other and the root namespace (where
-horovodrun's driver and the object store listen on the bridge address) over real TCP. Inside each
-namespace the veth end carries the bridge's name, so one `--network-interface NAME` names the right
-interface both on the launcher (bridge) and on every worker (veth), exactly as one NIC name does
-on a real cluster.
+the object store listens on the bridge address) over real TCP. The launcher (where horovodrun runs,
+the MPIJob's launcher pod) is one more namespace on the bridge. Inside each namespace the veth end is
+named `eth0`, the name a pod's interface has on EKS, so the MPIJob's `--network-interfaces eth0` names
+the right interface on the launcher and on every worker, locally as on the cluster.
 
 Without root (or without `ip netns`) the hosts are loopback addresses of this machine (127.x.y.z
 all reach `lo`), each with its own sshd: still distinct hosts to Horovod, no isolation.
@@ -31,6 +31,9 @@ NETNS_PREFIX = "ringtrain-"       # every namespace this module creates starts w
 BRIDGE_PREFIX = "rtbr"            # bridges: rtbr<N>; host-side veths: rtv<N>h<i>
 VETH_PREFIX = "rtv"
 FIRST_HOST_OCTET = 10
+LAUNCHER_OCTET = 2
+LAUNCHER_INDEX = 0xFFFF           # the launcher's place in host_mac (no worker has it)
+POD_INTERFACE = "eth0"            # the interface inside every namespace (cluster.mpijob.POD_INTERFACE)
 
 
 class NetworkSetupError(RuntimeError):
@@ -55,12 +58,18 @@ class NetworkPlan:
     subnet_index: int
     isolated: bool            # True: namespaces + bridge; False: loopback addresses
     iface: str                # the interface name on launcher and workers (bridge name, or "lo")
-    driver_address: str       # where hosts reach the launcher (and the object store)
+    driver_address: str       # where hosts reach the object store (the bridge address, or loopback)
     hosts: tuple[HostPlan, ...]
+    launcher: HostPlan | None = None   # the launcher's namespace (None in the loopback fallback)
 
     @property
     def bridge(self) -> str | None:
         return self.iface if self.isolated else None
+
+    @property
+    def pod_iface(self) -> str:
+        """The interface workers and launcher talk over: eth0 in each namespace, or lo."""
+        return POD_INTERFACE if self.isolated else "lo"
 
     @property
     def cidr(self) -> str:
@@ -87,7 +96,11 @@ def plan_network(subnet_index: int, num_hosts: int, *, isolated: bool) -> Networ
             )
             for i in range(num_hosts)
         )
-        return NetworkPlan(n, True, f"{BRIDGE_PREFIX}{n}", f"{SUBNET_PREFIX}.{n}.1", hosts)
+        launcher = HostPlan(index=LAUNCHER_INDEX, name="launcher",
+                            address=f"{SUBNET_PREFIX}.{n}.{LAUNCHER_OCTET}",
+                            netns=f"{NETNS_PREFIX}{n}-launcher", veth_outer=f"{VETH_PREFIX}{n}l",
+                            veth_inner=f"rtp{n}l", mac=host_mac(n, LAUNCHER_INDEX))
+        return NetworkPlan(n, True, f"{BRIDGE_PREFIX}{n}", f"{SUBNET_PREFIX}.{n}.1", hosts, launcher)
     hosts = tuple(
         HostPlan(index=i, name=f"host-{i}", address=f"{LOOPBACK_PREFIX}.{n}.{FIRST_HOST_OCTET + i}")
         for i in range(num_hosts)
@@ -194,35 +207,86 @@ def list_namespaces(prefix: str = NETNS_PREFIX) -> list[str]:
 
 
 ETC_NETNS = Path("/etc/netns")
+# Where the MPI Operator mounts the job's ConfigMap (hostfile, discover_hosts.sh) in the launcher pod
+# (cluster/mpi_operator.py). `ip netns exec` can bind /etc/netns/<ns>/mpi over it only if it exists.
+CONFIG_MOUNT_PATH = Path("/etc/mpi")
 
 
-def hosts_file_for(plan: NetworkPlan, host: HostPlan) -> str:
-    """/etc/hosts as seen inside one host's namespace (pure).
+@dataclass
+class MountPoint:
+    """A directory in /etc that `ip netns exec` binds a namespace's own copy over; removed again by the
+    cluster that created it, once no cluster's launcher namespace still uses it."""
 
-    The host's own name must resolve to its own address, not to 127.0.0.1 as the machine's name
+    path: Path
+    created: bool
+
+    def release(self) -> None:
+        if not self.created or any(ns.endswith("-launcher") for ns in list_namespaces()):
+            return
+        with contextlib.suppress(OSError):
+            self.path.rmdir()  # only if empty: someone else's files stay
+        self.created = False
+
+
+def claim_mount_point(path: Path) -> MountPoint:
+    if path.is_dir():
+        return MountPoint(path, created=False)
+    try:
+        path.mkdir(mode=0o755)
+    except FileExistsError:
+        return MountPoint(path, created=False)
+    except OSError as e:
+        raise NetworkSetupError(f"cannot create the mount point {path}: {e}") from e
+    return MountPoint(path, created=True)
+
+
+def hosts_file_for(plan: NetworkPlan, aliases: dict[str, list[str]] | None = None) -> str:
+    """/etc/hosts as seen inside every namespace of the cluster (pure): each host's name, and the names
+    of the pods running on it (`aliases`, host name -> names: `<pod>.<job>.<ns>.svc` and `<pod>`), the
+    way the cluster's DNS resolves the job's headless Service.
+
+    A host's own name must resolve to its own address, not to 127.0.0.1 as the machine's name
     does: Gloo falls back to resolving the hostname for the address it announces to its peers.
     """
-    lines = ["127.0.0.1 localhost", f"{plan.driver_address} launcher"]
-    lines += [f"{h.address} {h.name}" for h in plan.hosts]
+    aliases = aliases or {}
+    lines = ["127.0.0.1 localhost"]
+    members = [*plan.hosts, *([plan.launcher] if plan.launcher else [])]
+    lines += [" ".join([h.address, h.name, *aliases.get(h.name, [])]) for h in members]
     return "\n".join(lines) + "\n"
 
 
-def create_host_netns(plan: NetworkPlan, host: HostPlan) -> None:
+def write_hosts_file(host: HostPlan, text: str) -> None:
+    """Rewrite a namespace's /etc/hosts in place: processes already running in the namespace see the
+    file through a bind mount of this inode (`ip netns exec`), so it must not be replaced."""
+    if not host.netns:
+        return
+    path = ETC_NETNS / host.netns / "hosts"
+    with open(path, "r+" if path.exists() else "w") as f:
+        f.write(text)
+        f.truncate()
+
+
+def etc_dir(host: HostPlan) -> Path:
+    """What `ip netns exec` bind-mounts over /etc/* for the namespace's processes (one entry each)."""
+    assert host.netns
+    return ETC_NETNS / host.netns
+
+
+def create_host_netns(plan: NetworkPlan, host: HostPlan, hosts_file: str) -> None:
     """The host's namespace, its loopback, and a veth into the bridge carrying the host's address."""
     assert host.netns and host.veth_outer and host.veth_inner and plan.bridge
     _ip("netns", "add", host.netns)
     try:
-        # `ip netns exec` bind-mounts /etc/netns/<name>/* over /etc/* for what it runs.
-        (ETC_NETNS / host.netns).mkdir(parents=True, exist_ok=True)
-        (ETC_NETNS / host.netns / "hosts").write_text(hosts_file_for(plan, host))
+        etc_dir(host).mkdir(parents=True, exist_ok=True)
+        write_hosts_file(host, hosts_file)
         _ip("link", "set", "lo", "up", netns=host.netns)
         _ip("link", "add", host.veth_outer, "type", "veth", "peer", "name", host.veth_inner)
         _ip("link", "set", host.veth_inner, "netns", host.netns)
-        _ip("link", "set", host.veth_inner, "name", plan.iface, netns=host.netns)
+        _ip("link", "set", host.veth_inner, "name", plan.pod_iface, netns=host.netns)
         if host.mac:
-            _ip("link", "set", plan.iface, "address", host.mac, netns=host.netns)
-        _ip("addr", "add", f"{host.address}/24", "dev", plan.iface, netns=host.netns)
-        _ip("link", "set", plan.iface, "up", netns=host.netns)
+            _ip("link", "set", plan.pod_iface, "address", host.mac, netns=host.netns)
+        _ip("addr", "add", f"{host.address}/24", "dev", plan.pod_iface, netns=host.netns)
+        _ip("link", "set", plan.pod_iface, "up", netns=host.netns)
         _ip("link", "set", host.veth_outer, "master", plan.bridge)
         _ip("link", "set", host.veth_outer, "up")
     except NetworkSetupError:
@@ -252,11 +316,11 @@ def delete_host_netns(host: HostPlan) -> None:
                 raise
 
 
-def in_netns(host: HostPlan, command: list[str]) -> list[str]:
+def in_netns(host: HostPlan, command: list[str], hostname: str | None = None) -> list[str]:
     """`command` run as that host: inside its network namespace with its own hostname (UTS
-    namespace), so the host's name is its own, as on a separate machine. Unchanged in the
+    namespace; `hostname`, default the host's name), as on a separate machine. Unchanged in the
     loopback fallback."""
     if not host.netns:
         return command
     return ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
-            "sh", "-c", 'hostname "$0" && exec "$@"', host.name, *command]
+            "sh", "-c", 'hostname "$0" && exec "$@"', hostname or host.name, *command]

@@ -100,9 +100,10 @@ def reap(workdir: Path, log: Callable[[str], None] = print) -> None:
     procs.stop_processes(victims.values(), grace_s=3)
     if plan.get("isolated"):
         full = network.plan_network(int(plan["subnet_index"]), int(plan.get("hosts", 1)), isolated=True)
-        for host in full.hosts:
+        for host in [*full.hosts, *([full.launcher] if full.launcher else [])]:
             with contextlib.suppress(network.NetworkSetupError):
                 network.delete_host_netns(host)
+        network.MountPoint(network.CONFIG_MOUNT_PATH, created=True).release()
         with contextlib.suppress(network.NetworkSetupError):
             network.delete_bridge(full)
     shutil.rmtree(workdir, ignore_errors=True)

@@ -51,13 +51,17 @@ def sshd_config(*, address: str, port: int, host_key: Path, authorized_keys: Pat
     ])
 
 
-def ssh_client_config(*, port: int, identity_file: Path, user: str) -> str:
+def ssh_client_config(*, port: int, identity_file: Path, user: str,
+                      names: dict[str, str] | None = None) -> str:
     """Client options for every worker host: this cluster's key, no known_hosts, fail fast.
 
     Keep-alives make a session to a host that vanished (a reclaimed node) end within ~15 s
-    instead of hanging, so horovodrun notices the loss.
+    instead of hanging, so horovodrun notices the loss. `names` (pod name -> address) lets the client
+    reach pods by name where hosts have no /etc/hosts of their own (the loopback fallback).
     """
+    aliases = [f"Host {name}\n  HostName {address}" for name, address in sorted((names or {}).items())]
     return "\n".join([
+        *aliases,
         "Host *",
         f"  User {user}",
         f"  Port {port}",
@@ -133,9 +137,7 @@ def create_keys(directory: Path, port: int) -> SshKeys:
             check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=30,
         )
     keys.authorized_keys.write_text(Path(f"{keys.client_key}.pub").read_text())
-    keys.client_config.write_text(
-        ssh_client_config(port=port, identity_file=keys.client_key, user=getpass.getuser())
-    )
+    write_client_config(keys)
     keys.bin_dir.mkdir(exist_ok=True)
     wrapper = keys.bin_dir / "ssh"
     wrapper.write_text(ssh_wrapper_script(shutil.which("ssh") or "ssh", keys.client_config))
@@ -145,6 +147,12 @@ def create_keys(directory: Path, port: int) -> SshKeys:
         # through systemd, which a container may not run).
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     return keys
+
+
+def write_client_config(keys: SshKeys, names: dict[str, str] | None = None) -> None:
+    keys.client_config.write_text(
+        ssh_client_config(port=keys.port, identity_file=keys.client_key, user=getpass.getuser(), names=names)
+    )
 
 
 def write_sshd_config(keys: SshKeys, host_name: str, address: str) -> Path:

@@ -28,15 +28,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class RecordingBackend(LocalBackend):
-    """The local backend, remembering what it created so the test can check it is all gone."""
+    """The local backend, remembering what it created so the test can check it is all gone, and what it
+    ran for each submission."""
 
     seen: dict
+    handles: list
+
+    def submit(self, job):
+        handle = super().submit(job)
+        self.handles = [*getattr(self, "handles", []), handle]
+        return handle
 
     def up(self) -> None:
         super().up()
         plan = self.hosts.plan
         self.seen = {
             "subnet_index": plan.subnet_index, "isolated": plan.isolated, "workdir": self.workdir,
+            "iface": plan.pod_iface, "launcher_netns": plan.launcher.netns if plan.launcher else None,
             "listen": [(h.address, self.hosts.keys.port) for h in plan.hosts]
                       + [(self.store.host, self.store.port)],
         }
@@ -46,6 +54,33 @@ class RecordingBackend(LocalBackend):
 # short jobs in well under a second, before the injected reclaim could land; this keeps each step
 # slow enough that the reclaim arrives mid-training, which is what these tests are about.
 STEP_PACING = {"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"}
+
+
+def assert_ran_the_mpijobs_launcher(backend: RecordingBackend, elastic: bool) -> None:
+    """Every submission ran the rendered MPIJob's launcher container verbatim: the image's ENTRYPOINT and
+    the container's args (static: the operator's hostfile; elastic: its discovery script), on the
+    launcher host (its own namespace, named as the operator names the launcher pod)."""
+    from cluster.local.executor import IMAGE_ENTRYPOINT
+    from cluster.mpijob import launcher_container
+
+    assert backend.handles
+    for handle in backend.handles:
+        mpijob = handle.details["mpijob"]
+        args = launcher_container(mpijob)["args"]
+        assert handle.details["command"] == [*IMAGE_ENTRYPOINT, *args]
+        assert args[:2] == ["launcher", "--"] and args[2] == "horovodrun"
+        assert ("--host-discovery-script" in args) is elastic and ("--hostfile" in args) is not elastic
+        assert "/etc/mpi/discover_hosts.sh" in args if elastic else "/etc/mpi/hostfile" in args
+        assert args[args.index("--network-interfaces") + 1] == backend.seen["iface"]
+        if backend.seen["isolated"]:
+            process = handle.details["process"]
+            assert process[:4] == ["ip", "netns", "exec", backend.seen["launcher_netns"]]
+            assert f"{mpijob['metadata']['name']}-launcher" in process
+            assert process[-len(handle.details["command"]):] == handle.details["command"]
+
+
+def _cluster(seen: dict) -> dict:
+    return {k: seen[k] for k in ("subnet_index", "isolated", "workdir", "listen")}
 
 
 def _trainer_available():
@@ -83,7 +118,8 @@ def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     assert second.summary["final_loss"] < first.summary["initial_loss"]
     assert result.metrics and result.metrics[-1]["step"] == 40
 
-    assert leftovers(**backend.seen) == []
+    assert_ran_the_mpijobs_launcher(backend, elastic=False)
+    assert leftovers(**_cluster(backend.seen)) == []
     new_children = [p for p in psutil.Process().children(recursive=True) if p.pid not in children_before]
     assert new_children == []
 
@@ -107,7 +143,8 @@ def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
     # Training went on with one worker after the reclaim (the discovery script dropped host-1).
     assert any(m["world_size"] == 1 for m in result.metrics), result.metrics
     assert result.summary["final_loss"] < result.summary["initial_loss"]
-    assert leftovers(**backend.seen) == []
+    assert_ran_the_mpijobs_launcher(backend, elastic=True)
+    assert leftovers(**_cluster(backend.seen)) == []
 
 
 def test_ctrl_c_tears_everything_down():

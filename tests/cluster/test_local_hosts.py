@@ -76,7 +76,9 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
     worker_script = tmp_path / "worker.py"
     worker_script.write_text(WORKER)
     marker = tmp_path / "marker"
+    changes: list[list[str]] = []   # the live hosts each time they changed (what discovery is built from)
     with hosts:
+        hosts.on_change(lambda: changes.append([h.name for h in hosts.live()]))
         plan = hosts.plan
         assert plan is not None and plan.isolated is isolated
         # Each host is its own ssh host; in namespaces it also has its own name and address.
@@ -87,12 +89,11 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
                 assert done.stdout.splitlines()[0] == host.name
                 addrs = _ssh(hosts, host.name, "ip -4 -o addr show")
                 assert f"{host.address}/24" in addrs.stdout
-                assert f"{hosts.driver_address}/24" not in addrs.stdout  # the launcher is another host
+                assert f"{hosts.driver_address}/24" not in addrs.stdout  # the store is on another host
+                assert f"{hosts.launcher.address}/24" not in addrs.stdout  # so is the launcher
             # ... and its own share of the machine's cores, which what it runs inherits.
             assert _cores_seen_on(hosts, host.name) == _expected_cores(hosts.hosts.index(host))
-        listing = subprocess.run([str(hosts.discovery_script_path)], capture_output=True, text=True,
-                                 timeout=10)
-        assert listing.stdout == "".join(f"{h.address}:1\n" for h in hosts.hosts)
+        assert [h.name for h in hosts.live()] == ["host-0", "host-1"]
 
         # A worker process (marked the way Horovod marks its workers) on host-1.
         session = subprocess.Popen(
@@ -107,9 +108,9 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
             hosts.reclaim("host-1", grace_s=10)
             # The worker got SIGTERM (not an abrupt kill) and could exit on its own ...
             assert marker.read_text() == "SIGTERM"
-            # ... then the host went away: out of discovery, unreachable, namespace gone.
-            listing = subprocess.run([str(hosts.discovery_script_path)], capture_output=True, text=True)
-            assert listing.stdout == f"{hosts.get('host-0').address}:1\n"
+            # ... then the host went away: out of discovery (the listeners heard it at once), unreachable,
+            # namespace gone.
+            assert changes[0] == ["host-0"] and [h.name for h in hosts.live()] == ["host-0"]
             assert _ssh(hosts, "host-1", "true", timeout=40).returncode != 0
             if isolated:
                 assert not network.netns_exists(host1.plan.netns)
@@ -121,8 +122,7 @@ def test_hosts_reclaim_and_restore_like_spot_nodes(tmp_path, isolated):
         hosts.restore("host-1")
         assert _ssh(hosts, "host-1", "echo back").stdout.strip() == "back"
         assert _cores_seen_on(hosts, "host-1") == _expected_cores(1)  # a restored host gets its cores back
-        listing = subprocess.run([str(hosts.discovery_script_path)], capture_output=True, text=True)
-        assert listing.stdout.count("\n") == 2
+        assert changes[-1] == ["host-0", "host-1"]
         sshd_pids = [h.sshd.pid for h in hosts.hosts]
         port = hosts.keys.port
 

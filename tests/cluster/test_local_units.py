@@ -14,7 +14,7 @@ from cluster.exit_codes import failure_message, job_exit_code, parse_summary, wo
 from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
 from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec, cores_per_worker
 from cluster.launch import horovodrun_command
-from cluster.local import hosts, network, procs, ssh
+from cluster.local import network, procs, ssh
 from cluster.local.backend import bucket_names, storage_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,15 +28,21 @@ def test_isolated_plan_gives_distinct_hosts_on_the_cluster_subnet():
     assert [h.address for h in plan.hosts] == ["10.213.37.10", "10.213.37.11", "10.213.37.12"]
     assert [h.name for h in plan.hosts] == ["host-0", "host-1", "host-2"]
     assert all(h.netns.startswith(network.NETNS_PREFIX + "37-") for h in plan.hosts)
-    assert len({h.mac for h in plan.hosts}) == 3
+    # The launcher pod's host: one more namespace on the bridge; every namespace names its NIC eth0,
+    # as a pod's interface is named on EKS (the MPIJob's --network-interfaces).
+    assert plan.launcher.address == "10.213.37.2" and plan.launcher.netns == "ringtrain-37-launcher"
+    assert plan.pod_iface == "eth0"
+    assert len({h.mac for h in (*plan.hosts, plan.launcher)}) == 4
     # Linux interface names are at most 15 characters.
     big = network.plan_network(254, 200, isolated=True)
-    assert all(len(n) <= 15 for h in big.hosts for n in (h.veth_outer, h.veth_inner)) and len(big.iface) <= 15
+    names = [n for h in (*big.hosts, big.launcher) for n in (h.veth_outer, h.veth_inner)]
+    assert all(len(n) <= 15 for n in names) and len(big.iface) <= 15
 
 
 def test_loopback_plan_uses_lo_and_distinct_loopback_addresses():
     plan = network.plan_network(5, 2, isolated=False)
-    assert plan.iface == "lo" and plan.bridge is None and plan.driver_address == "127.0.0.1"
+    assert plan.iface == plan.pod_iface == "lo" and plan.bridge is None and plan.driver_address == "127.0.0.1"
+    assert plan.launcher is None  # the launcher runs on localhost
     assert [h.address for h in plan.hosts] == ["127.213.5.10", "127.213.5.11"]
     assert all(h.netns is None for h in plan.hosts)
 
@@ -53,12 +59,15 @@ def test_host_mac_is_fixed_per_host_and_locally_administered():
     assert int(network.host_mac(200, 300).split(":")[0], 16) & 0b10  # locally administered bit
 
 
-def test_namespace_hosts_file_maps_every_host_name_to_its_own_address():
+def test_namespace_hosts_file_maps_every_host_and_its_pods_names_to_its_address():
     plan = network.plan_network(9, 2, isolated=True)
-    text = network.hosts_file_for(plan, plan.hosts[1])
+    text = network.hosts_file_for(plan)
     assert "10.213.9.11 host-1" in text.splitlines()
     assert "10.213.9.10 host-0" in text.splitlines()
+    assert "10.213.9.2 launcher" in text.splitlines()
     assert "127.0.0.1 localhost" in text.splitlines()
+    pods = network.hosts_file_for(plan, {"host-1": ["j-worker-0.j.training.svc", "j-worker-0"]})
+    assert "10.213.9.11 host-1 j-worker-0.j.training.svc j-worker-0" in pods.splitlines()
 
 
 def test_in_netns_runs_the_command_inside_the_namespace_with_the_hosts_name():
@@ -66,6 +75,8 @@ def test_in_netns_runs_the_command_inside_the_namespace_with_the_hosts_name():
     cmd = network.in_netns(plan.hosts[0], ["/usr/sbin/sshd", "-D"])
     assert cmd[:4] == ["ip", "netns", "exec", "ringtrain-9-host-0"]
     assert "--uts" in cmd and cmd[-3:] == ["host-0", "/usr/sbin/sshd", "-D"]
+    as_pod = network.in_netns(plan.hosts[0], ["x"], hostname="j-worker-0")
+    assert as_pod[-2:] == ["j-worker-0", "x"]
     loop = network.plan_network(9, 2, isolated=False)
     assert network.in_netns(loop.hosts[0], ["x"]) == ["x"]
 
@@ -87,12 +98,10 @@ def test_ssh_client_config_keeps_no_known_hosts_and_uses_the_cluster_key():
         assert expected in text.splitlines()
     wrapper = ssh.ssh_wrapper_script("/usr/bin/ssh", Path("/k/cfg"))
     assert wrapper.endswith('exec /usr/bin/ssh -F /k/cfg "$@"\n')
-
-
-def test_discovery_prints_one_host_slots_line_per_live_host():
-    assert hosts.discovery_lines([("10.0.0.10", 1), ("10.0.0.11", 4)]) == "10.0.0.10:1\n10.0.0.11:4\n"
-    assert hosts.discovery_lines([]) == ""
-    assert hosts.discovery_script(Path("/w/live")) == "#!/bin/sh\nexec cat /w/live\n"
+    # Without namespaces the pods' names reach their hosts through the client's configuration.
+    named = ssh.ssh_client_config(port=1, identity_file=Path("/k/id"), user="me",
+                                  names={"j-worker-0.j.training.svc": "127.213.5.10"})
+    assert named.startswith("Host j-worker-0.j.training.svc\n  HostName 127.213.5.10\nHost *\n")
 
 
 def test_workers_are_the_processes_horovod_started():
