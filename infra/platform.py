@@ -36,17 +36,24 @@ GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSched
 class HelmChart:
     release: str
     chart: str
-    version: str
+    version: str  # the chart's version (what Helm installs)
     repo: str
     namespace: str
+    app_version: str  # the component the chart runs (Chart.yaml appVersion / default image tag)
 
 
-# Chart versions pinned (sources: aws-ia/terraform-aws-eks-blueprints patterns/targeted-odcr/helm.tf,
-# eks-charts stable/aws-efa-k8s-device-plugin). Bump deliberately, never float.
+# Chart versions pinned; bump deliberately, never float. A chart version is not the version of what it
+# runs, so each pin records both:
+# - NVIDIA k8s-device-plugin: chart and plugin share one version (deployments/helm/
+#   nvidia-device-plugin/Chart.yaml: version == appVersion).
+# - AWS EFA device plugin: aws/eks-charts stable/aws-efa-k8s-device-plugin, chart v0.5.30 (2026-07-21,
+#   newest in the eks-charts snapshot of 2026-08-03) runs plugin v0.5.20 (Chart.yaml appVersion,
+#   values image.tag). The previous pin, chart v0.5.7, ran plugin v0.5.4 (2024).
 NVIDIA_DEVICE_PLUGIN = HelmChart("nvidia-device-plugin", "nvidia-device-plugin", "0.17.1",
-                                 "https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin")
-EFA_DEVICE_PLUGIN = HelmChart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.7",
-                              "https://aws.github.io/eks-charts", "kube-system")
+                                 "https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin",
+                                 app_version="0.17.1")
+EFA_DEVICE_PLUGIN = HelmChart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.30",
+                              "https://aws.github.io/eks-charts", "kube-system", app_version="v0.5.20")
 # Kubeflow MPI Operator, latest release (kubeflow.org/v2beta1 MPIJob, the API cluster/mpijob.py renders):
 # the same version as the CRD the renderer is validated against (cluster/schemas/) and the controller
 # behaviour the local executor reproduces (cluster/mpi_operator.py OPERATOR_VERSION; a test keeps them
@@ -63,7 +70,10 @@ def nvidia_plugin_values() -> dict:
 
 
 def efa_plugin_values() -> dict:
-    return {"nodeSelector": {EFA_PRESENT_LABEL: "true"}, "tolerations": [GPU_TOLERATION]}
+    # image.tag: "Overrides the image tag whose default is the chart appVersion" (chart values.yaml);
+    # set to the plugin version the pin intends, so the two cannot drift apart silently.
+    return {"nodeSelector": {EFA_PRESENT_LABEL: "true"}, "tolerations": [GPU_TOLERATION],
+            "image": {"tag": EFA_DEVICE_PLUGIN.app_version}}
 
 
 @dataclass
@@ -88,9 +98,10 @@ class Platform(pulumi.ComponentResource):
             # context the rendered kubeconfig defines (infra/cluster.py render_kubeconfig).
             context=cluster.kubeconfig_context,
             enable_server_side_apply=True,
-            # If the cluster is already gone during a destroy, drop its objects from state instead of
-            # failing: the objects went with the cluster.
-            delete_unreachable=True,
+            # No delete_unreachable: with it, a cluster that is only unreachable (private endpoint run
+            # from outside, VPN down) silently drops every Kubernetes resource from the state
+            # (pulumi-kubernetes #1485, #2489). If the cluster is really gone, destroy once with
+            # PULUMI_K8S_DELETE_UNREACHABLE=true, deliberately (README "On AWS").
             opts=pulumi.ResourceOptions(parent=self),
         )
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self.provider,

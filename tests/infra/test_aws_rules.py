@@ -264,3 +264,32 @@ def test_every_versioned_bucket_expires_its_noncurrent_versions(stack):
         rules = lifecycles[bucket].inputs["rules"]
         assert any(r["status"] == "Enabled" and r.get("noncurrentVersionExpiration", {}).get("noncurrentDays")
                    for r in rules), bucket
+
+
+def test_no_kubernetes_provider_drops_resources_of_an_unreachable_cluster(stack):
+    """deleteUnreachable removes every Kubernetes resource from the state when the cluster does not
+    answer, also when it is only unreachable (pulumi-kubernetes #1485, #2489): never set it."""
+    providers = stack.of_type(K8S_PROVIDER)
+    assert providers
+    for provider in providers:
+        assert str(provider.inputs.get("deleteUnreachable", "false")).lower() != "true", provider.name
+
+
+# aws/eks-charts stable/aws-efa-k8s-device-plugin: chart version -> the plugin it runs (Chart.yaml
+# appVersion = values image.tag), read from the repository history (snapshot 2026-08-03).
+EKS_CHARTS_EFA_PLUGIN = {
+    "v0.5.7": "v0.5.4", "v0.5.12": "v0.5.7", "v0.5.18": "v0.5.10", "v0.5.20": "v0.5.13",
+    "v0.5.25": "v0.5.17", "v0.5.28": "v0.5.19", "v0.5.29": "v0.5.20", "v0.5.30": "v0.5.20",
+}
+
+
+def test_efa_device_plugin_chart_runs_the_plugin_version_the_pin_names(stack):
+    from infra.platform import EFA_DEVICE_PLUGIN
+
+    (release,) = [r for r in stack.of_type("kubernetes:helm.sh/v3:Release")
+                  if r.inputs["chart"] == EFA_DEVICE_PLUGIN.chart]
+    chart = release.inputs["version"]
+    assert EKS_CHARTS_EFA_PLUGIN[chart] == EFA_DEVICE_PLUGIN.app_version
+    assert release.inputs["values"]["image"]["tag"] == EFA_DEVICE_PLUGIN.app_version
+    newest = max(EKS_CHARTS_EFA_PLUGIN, key=lambda v: tuple(int(x) for x in v[1:].split(".")))
+    assert chart == newest, "pin the newest chart of the recorded history"
