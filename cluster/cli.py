@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--job-name", default="demo",
                        help="job name: lower-case letters, digits, '-' (default demo)")
     train.add_argument("--steps", type=int, default=300, help="optimizer steps in total (default 300)")
-    train.add_argument("--model", choices=MODELS, default="mlp", help="model (default mlp)")
+    train.add_argument("--task", default="demo",
+                       help="what to train (default demo: the generated dataset): a built-in task (demo, "
+                            "image, lm), pkg.module:Class or path/to/file.py:Class; its own flags and "
+                            "--data go after `--` (see `python -m train --task X --help`)")
+    train.add_argument("--model", choices=MODELS, default=None, help="the demo task's model (default mlp)")
     train.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
     train.add_argument("--checkpoint-every", type=int, default=25,
                        help="steps between checkpoints (default 25)")
@@ -121,6 +125,9 @@ def check_args(a: argparse.Namespace) -> None:
         problems.append(f"--max-resubmits {a.max_resubmits}: must be >= 0")
     if a.dataset_shards < 1 or a.samples_per_shard < 1:
         problems.append("--dataset-shards and --samples-per-shard: must be >= 1")
+    if a.model is not None and a.task != "demo":
+        problems.append(f"--model {a.model}: the demo task's model; --task {a.task} takes its own flags "
+                        f"after `--` (see `python -m train --task {a.task} --help`)")
     if a.min_hosts is not None and not a.elastic:
         problems.append("--min-hosts: only with --elastic")
     if a.min_hosts is not None and not 1 <= a.min_hosts <= a.hosts:
@@ -168,7 +175,10 @@ def check_trainer_args(job: JobSpec) -> None:
 
 def job_from_args(a: argparse.Namespace) -> JobSpec:
     extra = list(a.trainer_args[1:]) if a.trainer_args else []
-    trainer_args = ["--model", a.model, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
+    # --task and the task's flags travel in the trainer's argv (a task file path must be where the
+    # workers can read it: the same path on the local backend's hosts; in the image on AWS).
+    task_args = ["--model", a.model or "mlp"] if a.task == "demo" else ["--task", a.task]
+    trainer_args = [*task_args, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
                     "--checkpoint-every", str(a.checkpoint_every), "--seed", str(a.seed), *extra]
     return JobSpec(name=a.job_name, num_hosts=a.hosts, slots_per_host=a.slots_per_host, elastic=a.elastic,
                    min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer_args=tuple(trainer_args))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 
 from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 from train.errors import BadInput
+from train.task import BUILTIN_TASKS, DEFAULT_TASK, Task, load_task
 
-MODELS = ("mlp", "cnn")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 CPU_AFFINITIES = ("auto", "off")
@@ -25,13 +26,13 @@ CHECKPOINT_MODES = ("async", "async_with_pinned_mem")
 # often get tree). Gloo on CPU workers always runs a ring (gloo/allreduce.cc), so the flag changes GPU
 # runs only.
 NCCL_ALGOS = {"ring": "Ring", "tree": "Tree"}
+LR_SCHEDULES = ("constant", "cosine", "step")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    name: str = "mlp"
-    width: int = 128  # hidden units (mlp) or channels (cnn)
-    dropout: float = 0.0
+class TaskConfig:
+    name: str = DEFAULT_TASK  # --task: a built-in name, pkg.module:Class or path.py:Class (train.task)
+    args: argparse.Namespace = field(default_factory=argparse.Namespace)  # the task's own flags
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ class OptimConfig:
     lr: float = 0.05  # per worker; scaled by world size x backward passes per step (Horovod convention)
     momentum: float = 0.9
     warmup_steps: int = 0
+    schedule: str = "constant"  # after warmup: constant, cosine (to 0 at --steps), step (x factor every N)
+    step_every: int = 0  # step schedule: steps between decays
+    step_factor: float = 0.1
+    weight_decay: float = 0.0
     clip_grad_norm: float | None = None
 
 
@@ -75,6 +80,7 @@ class MetricsConfig:
     metrics_file: str | None = None
     tensorboard_dir: str | None = None
     log_every: int = 10
+    eval_every: int = 0  # steps between evaluations (tasks with evaluation data); 0: at the end only
     progress: bool = True
 
 
@@ -85,7 +91,7 @@ class TrainConfig:
     precision: str = "fp32"
     cpu_affinity: str = "auto"  # auto: CPU workers pinned to their share of the host's cores; off
     s3_endpoint_url: str | None = None
-    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
@@ -100,7 +106,8 @@ class _Parser(argparse.ArgumentParser):
         raise BadInput(f"{message} (see `python -m train --help`)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -> argparse.ArgumentParser:
+    """The trainer's flags, and those of the task (`--task`, default demo) in a group of their own."""
     p = _Parser(
         prog="python -m train",
         description="Horovod data-parallel trainer: gradients are averaged by allreduce, over NCCL on GPUs "
@@ -110,9 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                f"checkpoint (resumable: run the same command again); {EXIT_BAD_INPUT} bad input (arguments, "
                "dataset, endpoint, credentials), on every rank.",
     )
-    p.add_argument("--model", choices=MODELS, default="mlp")
-    p.add_argument("--width", type=int, default=128, help="hidden units (mlp) or channels (cnn)")
-    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--task", default=DEFAULT_TASK,
+                   help=f"what to train: a built-in task ({', '.join(BUILTIN_TASKS)}), pkg.module:Class or "
+                        "path/to/file.py:Class (a train.task.Task); its flags are listed below")
     p.add_argument("--steps", type=int, default=100,
                    help="optimizer steps in total (a resumed run counts on)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per backward pass")
@@ -120,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--warmup-steps", type=int, default=0, help="linear LR warmup from lr to the scaled lr")
+    p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
+                   help="after warmup: constant; cosine (down to 0 at --steps); step (x --lr-step-factor "
+                        "every --lr-step-every steps)")
+    p.add_argument("--lr-step-every", type=int, default=0, help="step schedule: steps between decays")
+    p.add_argument("--lr-step-factor", type=float, default=0.1, help="step schedule: factor per decay")
+    p.add_argument("--weight-decay", type=float, default=0.0,
+                   help="L2 weight decay (coupled, as torch's SGD)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="synthetic", help="synthetic | s3://bucket/prefix | /local/dir")
     p.add_argument("--checkpoint-dir", default=None, help="s3://bucket/prefix or /local/dir")
@@ -157,23 +171,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-file", default=None, help="JSON-lines metrics, written by rank 0")
     p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="steps between evaluations, for tasks with evaluation data (0: at the end only)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    if task_cls is not None:
+        try:
+            task_cls.add_arguments(p.add_argument_group(f"task {task}"))
+        except argparse.ArgumentError as e:
+            raise BadInput(f"--task {task}: its flags clash with the trainer's: {e}") from None
     return p
+
+
+def _task_spec(argv: list[str]) -> str:
+    """The value of --task in argv (the last one wins, as with argparse), without parsing the rest."""
+    spec = DEFAULT_TASK
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--task" and i + 1 < len(argv):
+            spec = argv[i + 1]
+        elif arg.startswith("--task="):
+            spec = arg.split("=", 1)[1]
+    return spec
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """Parse and validate; raises BadInput naming what is wrong and what is allowed."""
-    a = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    spec = _task_spec(argv)
+    task_cls = load_task(spec)
+    parser = build_parser(task_cls, spec)
+    a = parser.parse_args(argv)
+    trainer_flags = {action.dest for action in build_parser()._actions}
+    task_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k not in trainer_flags})
     cfg = TrainConfig(
         steps=a.steps,
         seed=a.seed,
         precision=a.precision,
         cpu_affinity=a.cpu_affinity,
         s3_endpoint_url=a.s3_endpoint_url,
-        model=ModelConfig(name=a.model, width=a.width, dropout=a.dropout),
+        task=TaskConfig(name=spec, args=task_args),
         data=DataConfig(source=a.data, batch_size=a.batch_size),
         optim=OptimConfig(name=a.optimizer, lr=a.lr, momentum=a.momentum, warmup_steps=a.warmup_steps,
-                          clip_grad_norm=a.clip_grad_norm),
+                          schedule=a.lr_schedule, step_every=a.lr_step_every, step_factor=a.lr_step_factor,
+                          weight_decay=a.weight_decay, clip_grad_norm=a.clip_grad_norm),
         horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
                               adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
                               cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
@@ -181,13 +222,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
                                     mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
-                              log_every=a.log_every, progress=not a.no_progress),
+                              log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress),
     )
-    validate(cfg)
+    validate(cfg, task_cls.check_arguments(task_args))
     return cfg
 
 
-def validate(cfg: TrainConfig) -> None:
+def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     problems: list[str] = []
 
     def need(ok: bool, msg: str) -> None:
@@ -196,11 +237,14 @@ def validate(cfg: TrainConfig) -> None:
 
     need(cfg.steps >= 1, f"--steps {cfg.steps}: must be >= 1")
     need(cfg.data.batch_size >= 1, f"--batch-size {cfg.data.batch_size}: must be >= 1")
-    need(cfg.model.width >= 1, f"--width {cfg.model.width}: must be >= 1")
-    need(0.0 <= cfg.model.dropout < 1.0, f"--dropout {cfg.model.dropout}: must be in [0, 1)")
     need(cfg.optim.lr > 0, f"--lr {cfg.optim.lr}: must be > 0")
     need(0.0 <= cfg.optim.momentum < 1.0, f"--momentum {cfg.optim.momentum}: must be in [0, 1)")
     need(cfg.optim.warmup_steps >= 0, f"--warmup-steps {cfg.optim.warmup_steps}: must be >= 0")
+    need(cfg.optim.weight_decay >= 0, f"--weight-decay {cfg.optim.weight_decay}: must be >= 0")
+    need(cfg.optim.schedule != "step" or cfg.optim.step_every >= 1,
+         f"--lr-schedule step needs --lr-step-every >= 1 (got {cfg.optim.step_every})")
+    need(0 < cfg.optim.step_factor <= 1, f"--lr-step-factor {cfg.optim.step_factor}: must be in (0, 1]")
+    need(cfg.metrics.eval_every >= 0, f"--eval-every {cfg.metrics.eval_every}: must be >= 0 (0: at the end)")
     need(cfg.optim.clip_grad_norm is None or cfg.optim.clip_grad_norm > 0,
          f"--clip-grad-norm {cfg.optim.clip_grad_norm}: must be > 0")
     need(cfg.horovod.backward_passes_per_step >= 1,
@@ -241,6 +285,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.s3_endpoint_url:
         need(cfg.s3_endpoint_url.startswith(("http://", "https://")),
              f"--s3-endpoint-url {cfg.s3_endpoint_url!r}: must start with http:// or https://")
+    problems += task_problems
     if problems:
         raise BadInput("; ".join(problems))
 

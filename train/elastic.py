@@ -23,7 +23,7 @@ def run_elastic(trainer: Trainer, hvd) -> int:
     if found is not None:
         trainer.apply_checkpoint(found.state, progress)
     state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
-                                   epoch=progress.epoch, offset=progress.offset,
+                                   data=progress.data,
                                    last_checkpoint_step=progress.last_checkpoint_step,
                                    resumed_from_step=trainer.resumed_from_step)
 

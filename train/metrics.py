@@ -68,10 +68,10 @@ class MetricsLog:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
-            for key in ("loss", "samples_per_sec", "lr", "world_size"):
-                if key in record:
+            for key in record:
+                if key in ("loss", "samples_per_sec", "lr", "world_size") or key.startswith("eval_"):
                     self._tb.add_scalar(key, record[key], record["step"])
-        if self._bar is not None:
+        if self._bar is not None and "loss" in record:
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ leaves one rank waiting on another.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -16,19 +17,17 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
 from cluster.job import EXIT_INTERRUPTED_RESUMABLE
 from train import checkpoint as ckpt
-from train import data as data_mod
 from train.checkpoint_writer import CheckpointWriter
 from train.config import NCCL_ALGOS, TrainConfig
 from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
-from train.model import build_model
 from train.stop import STOP, StopRequest
 from train.storage import open_store
+from train.task import TaskContext, load_task
 
 # Test hook: seconds to sleep after every step, so a test can signal a run at a step of its choosing.
 FAULT_STEP_SLEEP_ENV = "RINGTRAIN_FAULT_STEP_SLEEP_S"
@@ -39,8 +38,7 @@ class Progress:
     """What moves with each step. In elastic mode these live on hvd.elastic.TorchState instead."""
 
     step: int = 0
-    epoch: int = 0
-    offset: int = 0
+    data: dict | None = None  # the task's data position after the last step (None: the beginning)
     last_checkpoint_step: int | None = None  # on the state so every rank agrees on it after a reset
 
 
@@ -65,7 +63,8 @@ def configure_horovod_env(cfg: TrainConfig, on_gpu: bool, environ=os.environ) ->
 
 
 def lr_at(step: int, cfg: TrainConfig, world_size: int, local_size: int, on_gpu: bool) -> float:
-    """Horovod's convention: lr x workers x backward passes per step, reached by linear warmup.
+    """Horovod's convention: lr x workers x backward passes per step, reached by linear warmup, then
+    the schedule (constant; cosine down to 0 at --steps; step: x factor every N steps after warmup).
 
     With Adasum the gradients are combined, not averaged, so the world-size factor does not apply
     (on GPUs Horovod's Adasum works across nodes after a local sum, hence local_size there).
@@ -74,9 +73,14 @@ def lr_at(step: int, cfg: TrainConfig, world_size: int, local_size: int, on_gpu:
     size_factor = (local_size if on_gpu else 1) if cfg.horovod.adasum else world_size
     scaled = cfg.optim.lr * size_factor * cfg.horovod.backward_passes_per_step
     warmup = cfg.optim.warmup_steps
-    if warmup <= 0 or step >= warmup:
-        return scaled
-    return cfg.optim.lr + (scaled - cfg.optim.lr) * step / warmup
+    if step < warmup:
+        return cfg.optim.lr + (scaled - cfg.optim.lr) * step / warmup
+    if cfg.optim.schedule == "cosine":
+        span = max(cfg.steps - warmup, 1)
+        return scaled * 0.5 * (1.0 + math.cos(math.pi * min(step - warmup, span) / span))
+    if cfg.optim.schedule == "step":
+        return scaled * cfg.optim.step_factor ** ((step - warmup) // cfg.optim.step_every)
+    return scaled
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -124,8 +128,12 @@ class Trainer:
             if threads is not None:
                 torch.set_num_threads(threads)
         self.device = torch.device("cuda", hvd.local_rank()) if self.on_gpu else torch.device("cpu")
-        self.dataset: data_mod.Dataset | None = None
-        self.sampler: data_mod.ShardedSampler | None = None
+        self.task = load_task(cfg.task.name)(cfg.task.args, TaskContext(
+            data=cfg.data.source, batch_size=cfg.data.batch_size, seed=cfg.seed, steps=cfg.steps,
+            device=self.device, s3_endpoint_url=cfg.s3_endpoint_url, local_rank=hvd.local_rank(),
+            local_size=hvd.local_size()))
+        self._batches = None  # the task's batch iterator, and the position and world it is at
+        self._batches_at: tuple | None = None
         self.checkpoints: ckpt.CheckpointStore | None = None
         self._writer: CheckpointWriter | None = None
         self._log: MetricsLog | None = None
@@ -137,6 +145,7 @@ class Trainer:
         self.samples_total = 0
         self.train_time = 0.0
         self.elastic_resets = 0
+        self.last_eval: dict | None = None
         # By writers already closed (elastic mode may start several).
         self.checkpoints_written = 0
         self.checkpoint_wait_s = 0.0
@@ -150,8 +159,8 @@ class Trainer:
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
-        """Dataset, checkpoint store, metrics outputs. Raises BadInput. Returns the checkpoint to resume
-        (looked up on rank 0 only in static mode; on every rank in elastic mode)."""
+        """The task's data, checkpoint store, metrics outputs. Raises BadInput. Returns the checkpoint to
+        resume (looked up on rank 0 only in static mode; on every rank in elastic mode)."""
         cfg = self.cfg
         if cfg.metrics.tensorboard_dir:
             check_tensorboard_available()
@@ -160,13 +169,7 @@ class Trainer:
         if cfg.checkpoint.mode == "async_with_pinned_mem" and not self.on_gpu:
             raise BadInput("--checkpoint-mode async_with_pinned_mem needs a GPU (it stages the state in "
                            "page-locked memory); use --checkpoint-mode async on CPU workers")
-        if cfg.data.source != "synthetic":
-            self.dataset = data_mod.load(cfg.data.source, cfg.s3_endpoint_url)
-            self.sampler = data_mod.ShardedSampler(len(self.dataset), cfg.seed)
-            global_batch = self.hvd.size() * cfg.data.batch_size
-            if global_batch > len(self.dataset):
-                raise BadInput(f"dataset {cfg.data.source} has {len(self.dataset)} samples, fewer than one "
-                               f"global batch ({self.hvd.size()} workers x {cfg.data.batch_size})")
+        self.task.prepare(self.hvd.rank(), self.hvd.size())
         found = None
         if cfg.checkpoint.uri:
             store = open_store(cfg.checkpoint.uri, cfg.s3_endpoint_url)
@@ -218,10 +221,8 @@ class Trainer:
     def build(self) -> None:
         cfg = self.cfg
         hvd = self.hvd
-        input_shape = self.dataset.input_shape if self.dataset else data_mod.INPUT_SHAPE
         torch.manual_seed(cfg.seed)  # same initial weights everywhere; rank 0's are broadcast anyway
-        self.model = build_model(cfg.model.name, input_shape, data_mod.NUM_CLASSES, cfg.model.width,
-                                 cfg.model.dropout).to(self.device)
+        self.model = self.task.build_model().to(self.device)
         named = list(self.model.named_parameters())
         groups = [{"params": [p for _, p in named]}]
         # The step's stop vote and loss ride in the gradient allreduce: a two-element "parameter",
@@ -244,11 +245,13 @@ class Trainer:
         if self.stats_in_gradients:
             self.step_stats = torch.zeros(2, device=self.device, requires_grad=True)
             named.append(("ringtrain_step_stats", self.step_stats))
-            groups.append({"params": [self.step_stats], "lr": 0.0, "ringtrain_stats": True})
+            groups.append({"params": [self.step_stats], "lr": 0.0, "weight_decay": 0.0,
+                           "ringtrain_stats": True})
         if cfg.optim.name == "sgd":
-            base = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum)
+            base = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
+                                   weight_decay=cfg.optim.weight_decay)
         else:
-            base = torch.optim.Adam(groups, lr=cfg.optim.lr)
+            base = torch.optim.Adam(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         compression = hvd.Compression.fp16 if cfg.horovod.compression == "fp16" else hvd.Compression.none
         self.gradient_groups = gradient_groups(cfg, self.on_gpu)
         self.optimizer = hvd.DistributedOptimizer(
@@ -273,9 +276,6 @@ class Trainer:
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
                          if self.amp_dtype is not None else nullcontext)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
-        if self.dataset is None:
-            x, y = data_mod.synthetic_batch(cfg.seed, hvd.rank(), cfg.data.batch_size)
-            self.synthetic = (x.to(self.device), y.to(self.device))
         # Losses below are already averaged over the ranks (they come out of the step's allreduce).
         self.loss_sum = 0.0
         self.loss_count = 0
@@ -288,14 +288,14 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as e:
             c = self.cfg
+            task_flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(c.task.args).items())
             raise BadInput(f"checkpoint step {state.get('step')} in {c.checkpoint.uri} does not fit this "
-                           f"model/optimizer (--model {c.model.name} --width {c.model.width} "
-                           f"--optimizer {c.optim.name}): {str(e).splitlines()[0]}") from None
+                           f"model/optimizer (--task {c.task.name} {task_flags} --optimizer {c.optim.name}): "
+                           f"{str(e).splitlines()[0]}") from None
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         progress.step = int(state["step"])
-        progress.epoch = int(state["sampler"]["epoch"])
-        progress.offset = int(state["sampler"]["offset"])
+        progress.data = state["sampler"]
         self.resumed_from_step = progress.step
         progress.last_checkpoint_step = progress.step
         self.saved_loss = state.get("loss")
@@ -308,15 +308,21 @@ class Trainer:
         generator = torch.cuda.default_generators[self.device.index] if gpu else torch.default_generator
         generator.manual_seed(step_seed(self.cfg.seed, self.hvd.rank(), step))
 
-    def next_batch(self, progress) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.dataset is None:
-            return self.synthetic
-        s = self.sampler
-        s.epoch, s.offset = progress.epoch, progress.offset
-        idx = torch.from_numpy(s.next_indices(self.hvd.rank(), self.hvd.size(), self.cfg.data.batch_size))
-        progress.epoch, progress.offset = s.epoch, s.offset
-        return (self.dataset.x.index_select(0, idx).to(self.device, non_blocking=True),
-                self.dataset.y.index_select(0, idx).to(self.device, non_blocking=True))
+    def next_batch(self, progress):
+        """The task's next batch on the device; progress.data moves past it. The task's iterator is
+        (re)started from progress.data whenever that is not where the iterator is: at the start, after
+        a resume, after an elastic reset (rolled back, maybe another world size)."""
+        rank, size = self.hvd.rank(), self.hvd.size()
+        at = self._batches_at
+        if self._batches is None or at[0] is not progress.data or at[1:] != (rank, size):
+            self._batches = iter(self.task.train_batches(progress.data, rank, size))
+        try:
+            batch, progress.data = next(self._batches)
+        except StopIteration:
+            raise BadInput(f"task {self.cfg.task.name}: its training data ended at step {progress.step} "
+                           f"of {self.cfg.steps} (train_batches must not end before --steps)") from None
+        self._batches_at = (progress.data, rank, size)
+        return _to_device(batch, self.device)
 
     def carry_stats(self, stop_share: float, loss: torch.Tensor) -> None:
         """Add [stop_share, loss] to the stats' "gradient" and count it ready for this backward pass
@@ -343,9 +349,9 @@ class Trainer:
         stop_flag = 1.0 if self.stop.requested else 0.0
         step_loss = None
         for _ in range(k):
-            x, y = self.next_batch(progress)
+            batch = self.next_batch(progress)
             with self.autocast():
-                loss = F.cross_entropy(self.model(x), y)
+                loss = self.task.loss(self.model, batch)
             scaled = loss / k if k > 1 else loss
             objective = self.scaler.scale(scaled) if self.scaler is not None else scaled
             if self.stats_in_gradients:
@@ -388,6 +394,33 @@ class Trainer:
         self.loss_count += 1
         return stop
 
+    # ---- evaluation -------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict | None:
+        """The task's metrics over its evaluation data, every worker evaluating its share; None for a
+        task without evaluation. A collective: every rank calls it at the same steps."""
+        hvd = self.hvd
+        batches = self.task.eval_batches(hvd.rank(), hvd.size())
+        if batches is None:
+            return None
+        was_training = self.model.training
+        self.model.eval()
+        sums: dict[str, float] = {}
+        try:
+            with torch.no_grad(), self.autocast():
+                for batch in batches:
+                    for key, value in self.task.eval_sums(self.model, _to_device(batch, self.device)).items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
+        finally:
+            self.model.train(was_training)
+        totals: dict[str, float] = {}
+        for part in hvd.allgather_object(sums, name="ringtrain.eval"):  # a few numbers per rank
+            for key, value in part.items():
+                totals[key] = totals.get(key, 0.0) + value
+        metrics = {f"eval_{k}": float(v) for k, v in self.task.eval_metrics(totals).items()}
+        if self.log is not None:
+            self.log.log({"step": step, **metrics, "time": time.time()})
+        return metrics
+
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, progress, loss: float | None, defer_while_busy: bool = False) -> None:
         """Rank 0 hands the state to its writer process, which writes it (train.checkpoint_writer); no
@@ -420,7 +453,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "sampler": {"epoch": progress.epoch, "offset": progress.offset},
+            "sampler": progress.data,
             "world_size": self.hvd.size(),
             "loss": loss,
         }
@@ -488,6 +521,8 @@ class Trainer:
             if stop:
                 interrupted = True
                 break
+            if cfg.metrics.eval_every and progress.step % cfg.metrics.eval_every == 0 and not last:
+                self.last_eval = self.evaluate(progress.step)
             if self.checkpoints is not None and cfg.checkpoint.every and not last:
                 due = progress.step % cfg.checkpoint.every == 0
                 if due or self._deferred_since is not None:
@@ -504,7 +539,10 @@ class Trainer:
             final_loss = initial_loss = self.saved_loss
         if self.checkpoints is not None and progress.last_checkpoint_step != progress.step:
             self.save_checkpoint(progress, final_loss)
+        if not interrupted:  # a spot stop has seconds to spare, not an evaluation's worth
+            self.last_eval = self.evaluate(progress.step)
         self.close_writer()
+        self.task.close()
         summary = {
             "steps": progress.step,
             "final_loss": final_loss,
@@ -524,6 +562,7 @@ class Trainer:
             "elastic_resets": self.elastic_resets,
             "cpu_affinity": list(self.cpus) if self.cpus else None,
             "gradient_groups": self.gradient_groups,
+            "eval": self.last_eval,  # the task's metrics at the last evaluation (None: none ran)
         }
         if hvd.rank() == 0 and not self.summary_printed:
             if self._log is not None:
@@ -534,6 +573,16 @@ class Trainer:
         # worker to exit non-zero gets the rest terminated.
         hvd.allreduce(torch.zeros(1), name="ringtrain.exit_barrier")
         return RunResult(EXIT_INTERRUPTED_RESUMABLE if interrupted else 0, summary)
+
+
+def _to_device(batch, device: torch.device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
 
 
 def _cpu_fp16_autocast_works() -> bool:

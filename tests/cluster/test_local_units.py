@@ -347,3 +347,17 @@ def test_local_workers_share_the_machines_cores():
     assert cores_per_worker(2, 2) == 1
     assert cores_per_worker(16, 4) == 4
     assert cores_per_worker(2, 3) == 1   # never zero
+
+
+def test_cli_task_travels_in_the_trainer_argv_and_demo_keeps_its_model_flag():
+    demo = job_from_args(_args("--model", "cnn"))
+    assert demo.trainer_args[:2] == ("--model", "cnn") and "--task" not in demo.trainer_args
+    a = _args("--task", "/srv/tasks/my_task.py:MyTask", "--", "--hidden", "8")
+    check_args(a)
+    job = job_from_args(a)
+    assert job.trainer_args[:2] == ("--task", "/srv/tasks/my_task.py:MyTask")
+    assert "--model" not in job.trainer_args
+    assert job.trainer_args[-2:] == ("--hidden", "8")
+    with pytest.raises(UsageError) as e:
+        check_args(_args("--task", "image", "--model", "cnn"))
+    assert "--model cnn: the demo task's model; --task image takes its own flags after `--`" in str(e.value)

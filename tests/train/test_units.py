@@ -17,7 +17,8 @@ from train.trainer import lr_at, step_seed
 
 def test_defaults_parse():
     cfg = parse_args([])
-    assert cfg.data.source == "synthetic" and cfg.model.name == "mlp" and cfg.checkpoint.uri is None
+    assert cfg.data.source == "synthetic" and cfg.checkpoint.uri is None
+    assert cfg.task.name == "demo" and cfg.task.args.model == "mlp"
     assert cfg.checkpoint.mode == "async"
 
 
@@ -28,7 +29,7 @@ def test_flags_reach_the_config_tree():
                       "--checkpoint-dir", "s3://b/ck", "--checkpoint-every", "5", "--keep-checkpoints", "2",
                       "--checkpoint-mode", "async_with_pinned_mem",
                       "--precision", "bf16", "--clip-grad-norm", "1.0", "--elastic", "--log-every", "3"])
-    assert (cfg.model.name, cfg.steps, cfg.data.batch_size) == ("cnn", 7, 4)
+    assert (cfg.task.args.model, cfg.steps, cfg.data.batch_size) == ("cnn", 7, 4)
     assert cfg.horovod.compression == "fp16" and cfg.horovod.backward_passes_per_step == 2
     assert cfg.horovod.fusion_threshold_mb == 16 and cfg.horovod.cycle_time_ms == 2.5 and cfg.horovod.elastic
     assert (cfg.checkpoint.uri, cfg.checkpoint.every, cfg.checkpoint.keep) == ("s3://b/ck", 5, 2)

@@ -1,0 +1,100 @@
+"""The task interface: `--task` loads a built-in, a module or a file outside the repository; its flags
+are parsed and checked with the trainer's (one message, exit 2); a user's task trains on 2 workers and
+resumes from its data position."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.train.proc import REPO, horovodrun_cmd, run, train_cmd
+from train.config import parse_args
+from train.errors import BadInput
+from train.metrics import parse_summary
+from train.task import BUILTIN_TASKS, load_task
+from train.tasks.demo import DemoTask
+
+USER_TASK = REPO / "tests" / "train" / "user_task.py"
+
+
+@pytest.fixture
+def outside_task(tmp_path):
+    """The user's task file, copied to a directory outside the repository (nothing imports it by name)."""
+    path = tmp_path / "elsewhere" / "my_task.py"
+    path.parent.mkdir()
+    shutil.copy(USER_TASK, path)
+    return f"{path}:ParityTask"
+
+
+def test_demo_is_the_default_and_keeps_todays_flags():
+    cfg = parse_args(["--model", "cnn", "--width", "16", "--dropout", "0.1"])
+    assert cfg.task.name == "demo"
+    assert (cfg.task.args.model, cfg.task.args.width, cfg.task.args.dropout) == ("cnn", 16, 0.1)
+    assert load_task("demo") is DemoTask and load_task("train.tasks.demo:DemoTask") is DemoTask
+
+
+def test_a_task_file_outside_the_repository_loads_with_its_own_flags(outside_task):
+    cfg = parse_args(["--task", outside_task, "--hidden", "7", "--steps", "3"])
+    assert cfg.task.name == outside_task and cfg.task.args.hidden == 7 and cfg.steps == 3
+    assert not hasattr(cfg.task.args, "steps")  # the trainer's flags stay the trainer's
+    with pytest.raises(BadInput) as e:  # the demo task's flags belong to the demo task only
+        parse_args(["--task", outside_task, "--model", "cnn"])
+    assert "unrecognized arguments: --model cnn" in str(e.value)
+
+
+@pytest.mark.parametrize(("task", "says"), [
+    ("nope", f"use a built-in task ({', '.join(BUILTIN_TASKS)}), pkg.module:ClassName or path/to/file.py:"),
+    ("/no/such/file.py:Task", "file /no/such/file.py not found"),
+    ("no_such_pkg.tasks:Task", "no module named 'no_such_pkg.tasks'"),
+    ("train.tasks.demo:Missing", "train.tasks.demo has no 'Missing'"),
+    ("train.tasks.demo:MODELS", "MODELS is not a subclass of train.task.Task"),
+])
+def test_a_task_that_does_not_load_is_one_clear_message(task, says):
+    with pytest.raises(BadInput) as e:
+        parse_args(["--task", task])
+    assert says in str(e.value)
+
+
+def test_a_task_file_that_fails_to_import_names_the_file_and_the_error(tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("import torch\nraise RuntimeError('no GPU driver here')\n")
+    with pytest.raises(BadInput) as e:
+        parse_args(["--task", f"{bad}:Task"])
+    assert f"importing {bad} failed: RuntimeError: no GPU driver here" in str(e.value)
+
+
+def test_the_tasks_own_checks_join_the_trainers(outside_task):
+    with pytest.raises(BadInput) as e:
+        parse_args(["--task", outside_task, "--hidden", "1", "--steps", "0"])
+    assert "--steps 0: must be >= 1" in str(e.value) and "--hidden 1: must be >= 2" in str(e.value)
+
+
+def test_bad_task_arguments_exit_2_with_one_message(outside_task):
+    r = run(train_cmd("--task", outside_task, "--hidden", "1"), timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "train: error: --hidden 1: must be >= 2"
+
+
+def test_task_help_lists_the_tasks_flags(outside_task):
+    r = subprocess.run([sys.executable, "-m", "train", "--task", outside_task, "--help"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"task {outside_task}" in r.stdout and "--hidden HIDDEN" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_users_task_from_outside_the_repository_trains_on_two_workers_and_resumes(outside_task, tmp_path):
+    common = ["--task", outside_task, "--hidden", "32", "--lr", "0.05", "--log-every", "50",
+              "--checkpoint-dir", str(tmp_path / "ck"), "--cpu-affinity", "off"]
+    first = run(horovodrun_cmd(2, *common, "--steps", "100"))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    s1 = parse_summary(first.stdout)
+    resumed = run(horovodrun_cmd(2, *common, "--steps", "250", "--eval-every", "200"))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    s2 = parse_summary(resumed.stdout)
+    assert s2["resumed_from_step"] == 100 and s2["world_size"] == 2
+    assert s2["final_loss"] < 0.5 * s1["initial_loss"]  # XOR learnt: the hidden layer trained
+    # evaluated over both workers' shares (2 batches of 32 each) and allreduced
+    assert s2["eval"]["eval_samples"] == 128 and s2["eval"]["eval_accuracy"] > 0.9

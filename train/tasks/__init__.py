@@ -1,0 +1,1 @@
+"""Built-in tasks (train.task.BUILTIN_TASKS)."""
