@@ -24,7 +24,7 @@ import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
 from infra.budget import StackBudget  # noqa: E402
-from infra.compute import declare_compute  # noqa: E402
+from infra.compute import declare_compute, deploying_principal  # noqa: E402
 from infra.config import ConfigError, capacity_block_groups, check_capacity_blocks, load_stack_config  # noqa: E402
 from infra.data import DataLayer  # noqa: E402
 from infra.network import Network  # noqa: E402
@@ -76,7 +76,8 @@ def main() -> None:
     # --- compute (infra-compute): cluster, node groups, platform, cost guard; one call + exports ---
     compute = declare_compute(
         settings, stack=stack, account_id=account_id, network=network, security=security, data=data,
-        tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours), opts=use_provider)
+        tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours),
+        deployer_principal_arn=deploying_principal(provider), opts=use_provider)
     for key, value in compute.exports().items():
         pulumi.export(key, value)
 

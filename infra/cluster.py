@@ -1,8 +1,10 @@
 """The EKS control plane: cluster, its IAM role, log group and managed add-ons; the kubeconfig.
 
-- Authentication mode API with access entries (no aws-auth ConfigMap, FIELD_NOTES §7); the identity
-  running `pulumi up` gets cluster admin through the bootstrap access entry, which is what the
-  Kubernetes provider (infra/platform.py) authenticates as.
+- Authentication mode API with access entries (no aws-auth ConfigMap, FIELD_NOTES §7). Every admin,
+  the identity running `pulumi up` included (what the Kubernetes provider in infra/platform.py
+  authenticates as), gets ONE access entry the stack declares: EKS's own bootstrap entry for the
+  creator is off, because CreateAccessEntry for a principal that already has one fails
+  (ResourceInUseException), so a creator also listed in `adminPrincipalArns` broke `up`.
 - Secrets envelope-encrypted with the data layer's KMS key; all five control-plane log types on.
 - Endpoint private; public only from `cluster.publicAccessCidrs` (empty list: public endpoint off,
   so `pulumi up` must then run from inside the VPC).
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,6 +74,22 @@ def container_insights_log_group(cluster: str, kind: str) -> str:
     return f"/aws/containerinsights/{cluster}/{kind}"
 
 
+def admin_principals(deployer: str, listed: Sequence[str]) -> list[str]:
+    """The principals that get a cluster-admin access entry: the deployer, then the listed admins,
+    each once (EKS keeps one access entry per principal and cluster)."""
+    out: list[str] = []
+    for arn in (deployer, *listed):
+        if arn not in out:
+            out.append(arn)
+    return out
+
+
+def access_entry_key(principal_arn: str) -> str:
+    """A stable resource-name fragment of an IAM principal ARN: <account>-<role|user>-<path/name>."""
+    _, _, _, _, account, resource = principal_arn.split(":", 5)
+    return re.sub(r"[^A-Za-z0-9-]+", "-", f"{account}-{resource}").strip("-")
+
+
 def cluster_name(stack: str) -> str:
     """EKS cluster name of a stack (1-100 chars, letters, digits, hyphens, starting alphanumeric)."""
     return f"ringtrain-{stack}"[:100]
@@ -125,6 +144,7 @@ class ClusterInputs:
     subnet_ids: pulumi.Input[Sequence[str]]
     cluster_security_group_id: pulumi.Input[str]
     kms_key_arn: pulumi.Input[str]
+    deployer_principal_arn: str  # IAM role or user running `pulumi up` (session issuer of the caller)
     admin_principal_arns: Sequence[str] = ()
 
 
@@ -181,7 +201,8 @@ class EksCluster(pulumi.ComponentResource):
             ),
             access_config=aws.eks.ClusterAccessConfigArgs(
                 authentication_mode="API",
-                bootstrap_cluster_creator_admin_permissions=True,
+                # The creator's entry is declared below with the other admins (module docstring).
+                bootstrap_cluster_creator_admin_permissions=False,
             ),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=args.kms_key_arn),
@@ -205,16 +226,18 @@ class EksCluster(pulumi.ComponentResource):
                               self.cluster.certificate_authority.data).apply(
                 lambda v: render_kubeconfig(v[0], v[1], v[2], args.region))
         )
-        # Extra administrators: access entries (API authentication mode), no aws-auth ConfigMap.
-        self.admin_entries = []
-        for i, principal in enumerate(args.admin_principal_arns):
+        # Administrators, the deployer first: access entries (API authentication mode), one each.
+        self.admin_entries: list[aws.eks.AccessEntry] = []
+        self.admin_policies: list[aws.eks.AccessPolicyAssociation] = []
+        for principal in admin_principals(args.deployer_principal_arn, args.admin_principal_arns):
+            key = access_entry_key(principal)
             entry = aws.eks.AccessEntry(
-                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=principal, type="STANDARD",
-                opts=child)
-            aws.eks.AccessPolicyAssociation(
-                f"{name}-admin-{i}-policy", cluster_name=self.cluster.name, principal_arn=entry.principal_arn,
-                policy_arn=CLUSTER_ADMIN_POLICY,
-                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"), opts=child)
+                f"{name}-admin-{key}", cluster_name=self.cluster.name, principal_arn=principal,
+                type="STANDARD", opts=child)
+            self.admin_policies.append(aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{key}-policy", cluster_name=self.cluster.name,
+                principal_arn=entry.principal_arn, policy_arn=CLUSTER_ADMIN_POLICY,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"), opts=child))
             self.admin_entries.append(entry)
         # Add-ons the nodes need to become Ready; node groups depend on these, so on destroy the CNI
         # is still running while nodes drain and release their ENIs (pulumi-eks#1226).

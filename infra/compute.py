@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 
 from infra.catalog import load_catalog
 from infra.cluster import ClusterInputs, EksCluster
@@ -51,8 +52,17 @@ class Compute:
         }
 
 
+def deploying_principal(provider: pulumi.ProviderResource) -> str:
+    """The IAM role or user running this `pulumi up`: an assumed-role session's issuer role (with its
+    path), or the caller itself (aws.iam.get_session_context passes non-role ARNs through)."""
+    invoke = pulumi.InvokeOptions(provider=provider)
+    caller = aws.get_caller_identity(opts=invoke).arn
+    return aws.iam.get_session_context(arn=caller, opts=invoke).issuer_arn
+
+
 def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[str], network, security, data,
-                    tags: dict[str, str], opts: pulumi.ResourceOptions) -> Compute:
+                    tags: dict[str, str], deployer_principal_arn: str,
+                    opts: pulumi.ResourceOptions) -> Compute:
     cfg = settings.stack
     catalog = load_catalog()
     cluster = EksCluster("eks", ClusterInputs(
@@ -65,6 +75,7 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         subnet_ids=network.private_subnet_ids,
         cluster_security_group_id=security.cluster_sg.id,
         kms_key_arn=data.kms_key.arn,
+        deployer_principal_arn=deployer_principal_arn,
         admin_principal_arns=cfg.cluster.admin_principal_arns,
     ), opts=opts)
     nodes = NodeGroups("nodes", NodeGroupsInputs(
@@ -85,7 +96,8 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         datasets_bucket_arn=data.datasets_bucket.arn,
         checkpoints_bucket_arn=data.checkpoints_bucket.arn,
         kms_key_arn=data.kms_key.arn,
-        depends_on=[nodes.system, *nodes.gpu.values(), *workload_addons],
+        # ... and the access entries the Kubernetes provider authenticates through.
+        depends_on=[nodes.system, *nodes.gpu.values(), *workload_addons, *cluster.admin_policies],
     ), opts=opts)
     guard = CostGuard("costguard", CostGuardInputs(
         cluster=cluster,

@@ -188,6 +188,19 @@ def _get_caller_identity(args: dict, region: str) -> dict:
     }
 
 
+def _get_session_context(args: dict, region: str) -> dict:
+    """aws.iam.get_session_context: an assumed-role session's issuer role; other ARNs pass through."""
+    arn = args["arn"]
+    parts = arn.split(":")
+    if parts[2] == "sts" and parts[5].startswith("assumed-role/"):
+        _, role, session = parts[5].split("/", 2)
+        issuer = f"arn:aws:iam::{parts[4]}:role/{role}"
+        return {"arn": arn, "issuerArn": issuer, "issuerId": "AROATESTROLE", "issuerName": role,
+                "sessionName": session, "id": arn}
+    return {"arn": arn, "issuerArn": arn, "issuerId": "", "issuerName": parts[5].rsplit("/", 1)[-1],
+            "sessionName": "", "id": arn}
+
+
 def _get_partition(args: dict, region: str) -> dict:
     return {
         "partition": "aws",
@@ -214,6 +227,7 @@ INVOKES: dict[str, Callable[[dict, str], dict]] = {
     "aws:index/getAvailabilityZones:getAvailabilityZones": _get_availability_zones,
     "aws:index/getRegion:getRegion": _get_region,
     "aws:index/getCallerIdentity:getCallerIdentity": _get_caller_identity,
+    "aws:iam/getSessionContext:getSessionContext": _get_session_context,
     "aws:index/getPartition:getPartition": _get_partition,
     "aws:ssm/getParameter:getParameter": _get_ssm_parameter,
     "aws:ec2/getAmi:getAmi": _get_ami,

@@ -293,3 +293,53 @@ def test_efa_device_plugin_chart_runs_the_plugin_version_the_pin_names(stack):
     assert release.inputs["values"]["image"]["tag"] == EFA_DEVICE_PLUGIN.app_version
     newest = max(EKS_CHARTS_EFA_PLUGIN, key=lambda v: tuple(int(x) for x in v[1:].split(".")))
     assert chart == newest, "pin the newest chart of the recorded history"
+
+
+# -- EKS access entries ------------------------------------------------------------------------------
+
+DEPLOYER_USER = "arn:aws:iam::123456789012:user/ringtrain-test"  # the harness's caller
+DEPLOYER_ROLE = "arn:aws:iam::123456789012:role/deployer"
+OTHER_ADMIN = "arn:aws:iam::123456789012:role/platform-admins"
+
+
+def _caller(arn: str):
+    return lambda args, region: {"accountId": "123456789012", "arn": arn, "userId": "AIDA",
+                                 "id": "123456789012"}
+
+
+ACCESS_CASES = {
+    # name: (caller ARN or None for the harness's, cluster.adminPrincipalArns, the deploying principal)
+    "committed": (None, None, DEPLOYER_USER),
+    "deployer user listed too": (DEPLOYER_USER, [DEPLOYER_USER, OTHER_ADMIN], DEPLOYER_USER),
+    "deployer role session listed too": ("arn:aws:sts::123456789012:assumed-role/deployer/ci-42",
+                                         [OTHER_ADMIN, DEPLOYER_ROLE], DEPLOYER_ROLE),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCESS_CASES))
+def test_each_principal_gets_exactly_one_access_entry_and_the_deployer_is_admin(case, committed):
+    """EKS keeps one access entry per principal and cluster: CreateAccessEntry for a principal that has
+    one (e.g. the creator's bootstrap entry, made when accessConfig.bootstrapClusterCreatorAdmin-
+    Permissions is true, EKS's default) fails with ResourceInUseException. The deployer needs an
+    admin entry: the Kubernetes provider authenticates as it."""
+    from tests.infra.harness import run_program
+
+    caller, admins, deployer = ACCESS_CASES[case]
+    if caller is None:
+        result = committed("prod")
+    else:
+        cluster_cfg = {**committed("prod").config["ringtrain:cluster"], "adminPrincipalArns": admins}
+        result = run_program("prod", overrides={"ringtrain:cluster": cluster_cfg},
+                             invokes={"aws:index/getCallerIdentity:getCallerIdentity": _caller(caller)})
+    (eks,) = result.of_type("aws:eks/cluster:Cluster")
+    entries: dict[str, int] = {}
+    bootstrap = (eks.inputs.get("accessConfig") or {}).get("bootstrapClusterCreatorAdminPermissions", True)
+    if bootstrap:
+        entries[deployer] = 1  # EKS's own admin entry for the creator
+    for entry in result.of_type("aws:eks/accessEntry:AccessEntry"):
+        entries[entry.inputs["principalArn"]] = entries.get(entry.inputs["principalArn"], 0) + 1
+    assert all(n == 1 for n in entries.values()), entries
+    assert set(entries) == {deployer, *(admins or [])}
+    admin_policies = {p.inputs["principalArn"] for p in
+                      result.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")}
+    assert bootstrap or deployer in admin_policies

@@ -76,10 +76,12 @@ def test_admin_principals_become_cluster_admin_access_entries():
     admins = ["arn:aws:iam::123456789012:role/platform-admin", "arn:aws:iam::123456789012:user/alice"]
     cfg["ringtrain:cluster"] = {**cfg["ringtrain:cluster"], "adminPrincipalArns": admins}
     result = run_program("dev", config=cfg)
+    # The deploying identity (the harness's caller) gets its entry from the stack too, first.
+    everyone = ["arn:aws:iam::123456789012:user/ringtrain-test", *admins]
     entries = result.of_type("aws:eks/accessEntry:AccessEntry")
-    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(admins)
+    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(everyone)
     assocs = result.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
-    assert sorted(a.inputs["principalArn"] for a in assocs) == sorted(admins)
+    assert sorted(a.inputs["principalArn"] for a in assocs) == sorted(everyone)
     for assoc in assocs:
         assert assoc.inputs["policyArn"].endswith("/AmazonEKSClusterAdminPolicy")
         assert assoc.inputs["accessScope"] == {"type": "cluster"}
