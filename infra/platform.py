@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_aws as aws
@@ -56,13 +57,15 @@ EFA_DEVICE_PLUGIN = HelmChart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-p
                               "https://aws.github.io/eks-charts", "kube-system", app_version="v0.5.20")
 # Kubeflow MPI Operator, latest release (kubeflow.org/v2beta1 MPIJob, the API cluster/mpijob.py renders):
 # the same version as the CRD the renderer is validated against (cluster/schemas/) and the controller
-# behaviour the local executor reproduces (cluster/mpi_operator.py OPERATOR_VERSION; a test keeps them
-# equal). Its deploy manifest installs the CRD and the operator (image mpioperator/mpi-operator:0.8,
-# the tag the v0.8.x releases publish).
+# behaviour the local executor reproduces (cluster/mpi_operator.py OPERATOR_VERSION). Its deploy manifest
+# (CRD, namespace, RBAC, controller) is installed from the repository's copy, with the controller image
+# pinned to 0.8.2 instead of the release's moving 0.8 tag (header of the file); tests/infra checks that
+# its CRD is cluster/schemas' and its image this version.
 MPI_OPERATOR_VERSION = "v0.8.2"
-MPI_OPERATOR_MANIFEST = (
-    f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
-)
+# An absolute path: the provider reads it, whatever its working directory.
+MPI_OPERATOR_MANIFEST = str(Path(__file__).resolve().parent / "manifests" /
+                            f"mpi-operator-{MPI_OPERATOR_VERSION}.yaml")
+MPI_OPERATOR_IMAGE = f"mpioperator/mpi-operator:{MPI_OPERATOR_VERSION.removeprefix('v')}"
 
 
 def nvidia_plugin_values() -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -302,12 +303,27 @@ def test_charts_and_manifests_are_pinned_and_the_efa_plugin_only_targets_efa_nod
     assert labelled == {g.name for g in cfg.node_groups if g.efa}
     (mpi,) = result.of_type("kubernetes:yaml/v2:ConfigFile")
     assert mpi.inputs["file"] == platform.MPI_OPERATOR_MANIFEST
-    assert f"/{platform.MPI_OPERATOR_VERSION}/" in mpi.inputs["file"]
-    # The operator installed is the one whose CRD validates the rendered jobs (cluster/schemas, v0.8.2).
-    from cluster.mpi_operator import OPERATOR_VERSION
+    assert Path(mpi.inputs["file"]).is_file() and f"-{platform.MPI_OPERATOR_VERSION}." in mpi.inputs["file"]
 
-    assert platform.MPI_OPERATOR_VERSION == OPERATOR_VERSION
-    assert "master" not in mpi.inputs["file"] and "latest" not in mpi.inputs["file"]
+
+def test_the_operator_installed_is_the_one_whose_crd_validates_the_jobs():
+    """Issue 26 defect 2: the manifest installed, the CRD the renderer is validated against and the controller
+    the local executor reproduces are one release, v0.8.2; the controller image is that release's own tag."""
+    import yaml
+
+    from cluster.mpi_operator import OPERATOR_VERSION
+    from cluster.schemas import CRD_PATH
+
+    assert platform.MPI_OPERATOR_VERSION == OPERATOR_VERSION == "v0.8.2"
+    docs = [d for d in yaml.load_all(Path(platform.MPI_OPERATOR_MANIFEST).read_text(),
+                                     Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
+    (crd,) = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    validated = yaml.load(CRD_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    # The same CRD (the deploy manifest's kustomize build only adds labels).
+    assert crd["spec"] == validated["spec"] and crd["metadata"]["name"] == validated["metadata"]["name"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    images = [c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert images == [platform.MPI_OPERATOR_IMAGE] == ["mpioperator/mpi-operator:0.8.2"]
 
 
 # -- cost guard -----------------------------------------------------------------------------------------
