@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 from cluster.backend import Backend, BackendError
 from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, format_summary, run_job
-from cluster.job import EXIT_BAD_INPUT, JobSpec
+from cluster.job import JobSpec
+from train.contract import EXIT_BAD_INPUT
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

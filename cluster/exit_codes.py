@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE
+from train.contract import EXIT_INTERRUPTED_RESUMABLE
 
 SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
 # horovodrun's line when a worker ends non-zero (gloo_run.py): "Process 1 exit with status code 75."

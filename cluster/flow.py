@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
-from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.job import JobSpec
+from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

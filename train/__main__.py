@@ -10,8 +10,8 @@ from train.stop import STOP
 
 STOP.install()  # before the slow imports below: a SIGTERM during start-up must not be lost
 
-from cluster.job import EXIT_BAD_INPUT  # noqa: E402
 from train.config import parse_args  # noqa: E402
+from train.contract import EXIT_BAD_INPUT  # noqa: E402
 from train.errors import BadInput  # noqa: E402
 
 

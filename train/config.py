@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
+from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 from train.errors import BadInput
 from train.task import BUILTIN_TASKS, DEFAULT_TASK, Task, load_task
 

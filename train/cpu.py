@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Mapping
 
-from cluster.job import cores_per_worker, cpu_share
+from train.contract import cores_per_worker, cpu_share
 
 # Horovod's cycle time for CPU workers (its own default is 1 ms): how long its background thread
 # sleeps between rounds, so at most how long a step's ready gradients wait before their allreduce is

@@ -7,5 +7,5 @@ class BadInput(Exception):
     """Bad arguments, a missing or malformed dataset, an unreachable endpoint, wrong credentials.
 
     The message names what is wrong and what is allowed; `python -m train` prints it and exits with
-    cluster.job.EXIT_BAD_INPUT on every rank.
+    train.contract.EXIT_BAD_INPUT on every rank.
     """

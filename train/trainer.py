@@ -18,10 +18,10 @@ from functools import partial
 
 import torch
 
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE
 from train import checkpoint as ckpt
 from train.checkpoint_writer import CheckpointWriter
 from train.config import NCCL_ALGOS, TrainConfig
+from train.contract import EXIT_INTERRUPTED_RESUMABLE
 from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.exit_codes import failure_message, job_exit_code, parse_summary
-from cluster.job import JobSpec, cores_per_worker
+from cluster.job import JobSpec
 from cluster.local import procs, reaper
 from cluster.local.executor import LocalExecutor, RunningLauncher
 from cluster.local.hosts import HostError, LocalHosts
@@ -38,6 +38,7 @@ from cluster.local.network import NetworkSetupError
 from cluster.local.objectstore import ObjectStore, free_port
 from cluster.local.ssh import SshSetupError
 from cluster.mpijob import SYSTEM_NODES, WorkerNodes, render_mpijob, shm_size_limit
+from train.contract import cores_per_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # What the rendered MPIJob names where EKS would name the stack's: the same namespace and service

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import psutil
 
-from cluster.job import cpu_share
 from cluster.local import network, procs, reaper, ssh
 from cluster.local.network import HostPlan, NetworkPlan
+from train.contract import cpu_share
 
 
 class HostError(RuntimeError):

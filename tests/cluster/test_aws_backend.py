@@ -274,7 +274,7 @@ def test_a_reclaimed_aws_job_maps_to_the_resumable_exit_code_so_run_resubmits():
     """Defect: the AWS backend took the launcher's exit code (1), so `run --backend aws` never resubmitted.
     It now maps the launcher's code and log with the local backend's function (cluster.exit_codes)."""
     from cluster.aws.backend import job_result
-    from cluster.job import EXIT_INTERRUPTED_RESUMABLE
+    from train.contract import EXIT_INTERRUPTED_RESUMABLE
 
     result = job_result("j1", "Failed", "launcher exited 1", 1, RECLAIMED_LOG)
     assert result.exit_code == EXIT_INTERRUPTED_RESUMABLE and not result.succeeded

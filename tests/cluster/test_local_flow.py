@@ -17,10 +17,11 @@ import psutil
 import pytest
 
 from cluster.flow import DatasetSpec, FlowOptions, run_job
-from cluster.job import EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.job import JobSpec
 from cluster.local import network
 from cluster.local.backend import LocalBackend
 from cluster.local.leftovers import leftovers
+from train.contract import EXIT_INTERRUPTED_RESUMABLE
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ import pytest
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, run_job
-from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec
+from cluster.job import JobSpec
+from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 
 
 class ScriptedBackend(Backend):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.job import cpu_share
 from cluster.local import network
 from cluster.local.hosts import LocalHosts
 from cluster.local.leftovers import leftovers
+from train.contract import cpu_share
 
 pytestmark = pytest.mark.slow
 

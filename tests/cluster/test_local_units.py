@@ -12,10 +12,11 @@ from cluster.backend import Storage
 from cluster.cli import UsageError, build_parser, check_args, job_from_args, options_from_args
 from cluster.exit_codes import failure_message, job_exit_code, parse_summary, worker_exit_codes
 from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
-from cluster.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, JobSpec, cores_per_worker
+from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 from cluster.local import network, procs, ssh
 from cluster.local.backend import bucket_names, storage_for
+from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -319,10 +319,10 @@ def test_the_trainer_is_installed_last_and_without_dependencies():
     assert "--no-deps" in last_install and "/src" in last_install
     runs = " ".join(args for instr, args in instructions if instr == "RUN")
     assert "requirements.lock" not in runs, "the image installs its own requirement files, not the dev lock"
-    # Only what train/ imports of cluster/ (tests below check the trainer imports nothing else of it).
+    # Nothing of cluster/: the trainer imports none of it (tests/train/test_contract.py).
     cluster_sources = {src for i in app for src in instructions[i][1].split()[:-1]
                        if src.startswith("cluster")}
-    assert cluster_sources == {"cluster/__init__.py", "cluster/job.py"}, cluster_sources
+    assert cluster_sources == set(), cluster_sources
 
 
 def _requirements(path: Path) -> dict[str, str]:
@@ -395,12 +395,11 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_trainer_imports_only_what_the_image_carries():
-    """Every module train/ imports (and cluster/job.py, the one module of cluster/ it uses) comes from the
-    standard library, the copied sources, torch, Horovod or the image's requirement files."""
-    sources = sorted((REPO_ROOT / "train").rglob("*.py")) + [REPO_ROOT / "cluster" / "job.py"]
+    """Every module train/ imports comes from the standard library, the copied sources, torch, Horovod or
+    the image's requirement files."""
+    sources = sorted((REPO_ROOT / "train").rglob("*.py"))
     modules = set().union(*(_imports(p) for p in sources))
-    first_party = {m for m in modules if m.split(".")[0] in ("train", "cluster")}
-    assert {m for m in first_party if m.split(".")[0] == "cluster"} <= {"cluster", "cluster.job"}, first_party
+    first_party = {m for m in modules if m.split(".")[0] == "train"}
     providers = importlib.metadata.packages_distributions()
     carried = ({"torch", "horovod", "tensorboard"} | set(_requirements(HOROVOD_REQUIREMENTS))
                | set(_requirements(TRAIN_REQUIREMENTS)))
@@ -518,14 +517,14 @@ def _copy_sources() -> list[str]:
 
 def test_every_copy_source_is_in_the_build_context():
     sources = _copy_sources()
-    needed = {"scripts/build-horovod", "train", "cluster/__init__.py", "cluster/job.py",
+    needed = {"scripts/build-horovod", "train",
               "image/entrypoint.py", "image/nccl-efa.env", "image/requirements-horovod.txt",
               "image/requirements-train.txt"}
     assert needed <= set(sources)
     assert [s for s in sources if not in_build_context(s)] == []
     assert in_build_context("train/__main__.py")
     for outside in (".venv/bin/python", "tests/image/test_dockerfile.py", "infra/cluster.py",
-                    "train/__pycache__/x.cpython-311.pyc", ".git/HEAD", "cluster/aws/mpijob.py",
+                    "train/__pycache__/x.cpython-311.pyc", ".git/HEAD", "cluster/job.py",
                     "requirements.lock"):
         assert not in_build_context(outside), outside
 

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from cluster.job import cpu_share
 from tests.train.proc import REPO
+from train.contract import cpu_share
 
 
 def test_each_part_gets_a_contiguous_share_of_the_cores():

@@ -15,7 +15,6 @@ import psutil
 import pytest
 import torch
 
-from cluster.job import cpu_share
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.allreduce_probe import PROBE_PREFIX
 from tests.train.proc import (
@@ -31,6 +30,7 @@ from tests.train.proc import (
 )
 from train import checkpoint as ckpt
 from train import data as data_mod
+from train.contract import cpu_share
 from train.metrics import parse_summary
 from train.storage import open_store
 
