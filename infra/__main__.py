@@ -24,8 +24,15 @@ import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
 from infra.budget import StackBudget  # noqa: E402
+from infra.cluster import cluster_name, endpoint_reachable, lookup_cluster_endpoint  # noqa: E402
 from infra.compute import declare_compute, deploying_principal  # noqa: E402
-from infra.config import ConfigError, capacity_block_groups, check_capacity_blocks, load_stack_config  # noqa: E402
+from infra.config import (  # noqa: E402
+    ConfigError,
+    capacity_block_groups,
+    check_capacity_blocks,
+    check_private_endpoint,
+    load_stack_config,
+)
 from infra.data import DataLayer  # noqa: E402
 from infra.network import Network  # noqa: E402
 from infra.nodegroups import lookup_capacity_block  # noqa: E402
@@ -51,6 +58,15 @@ def main() -> None:
         # minutes into a node group that never gets an instance.
         try:
             check_capacity_blocks(settings, lambda rid: lookup_capacity_block(rid, provider))
+        except ConfigError as exc:
+            raise pulumi.RunError(str(exc)) from None
+    if cfg.compute and not cfg.cluster.public_access_cidrs:
+        # A private API endpoint must answer from here, or the platform fails ~20 minutes in, after
+        # the cluster exists: refuse before anything is declared.
+        name = cluster_name(stack)
+        try:
+            endpoint = lookup_cluster_endpoint(name, provider)
+            check_private_endpoint(settings, name, endpoint, endpoint_reachable)
         except ConfigError as exc:
             raise pulumi.RunError(str(exc)) from None
     account_id = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=provider)).account_id

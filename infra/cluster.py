@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pulumi
 import pulumi_aws as aws
@@ -72,6 +74,25 @@ CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterA
 
 def container_insights_log_group(cluster: str, kind: str) -> str:
     return f"/aws/containerinsights/{cluster}/{kind}"
+
+
+def lookup_cluster_endpoint(name: str, provider: pulumi.ProviderResource) -> str | None:
+    """The API endpoint of EKS cluster `name` in the provider's region, or None if it does not exist
+    (read while the program runs, before anything is declared)."""
+    invoke = pulumi.InvokeOptions(provider=provider)
+    if name not in aws.eks.get_clusters(opts=invoke).names:
+        return None
+    return aws.eks.get_cluster(name=name, opts=invoke).endpoint
+
+
+def endpoint_reachable(endpoint: str, timeout_s: float = 5.0) -> bool:
+    """Whether a TCP connection to the endpoint's HTTPS port opens from this machine within timeout_s."""
+    host = urlsplit(endpoint).hostname or endpoint
+    try:
+        with socket.create_connection((host, 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def admin_principals(deployer: str, listed: Sequence[str]) -> list[str]:

@@ -528,6 +528,29 @@ def check_capacity_blocks(settings: Settings, lookup: Callable[[str], CapacityBl
                            f"{block.start_date}); jobs scale the group up once it is")
 
 
+def check_private_endpoint(settings: Settings, cluster: str, endpoint: str | None,
+                           reachable: Callable[[str], bool]) -> None:
+    """With `cluster.publicAccessCidrs: []` the API endpoint answers inside the VPC only, and this run
+    must reach it to install the Kubernetes platform. Refuse before anything is declared when it
+    cannot: on the first `up` (no cluster yet; the VPC comes with this very run, so nothing can be
+    inside it), or when the existing cluster's endpoint does not answer from here (`endpoint` is None
+    when the cluster does not exist; `reachable(endpoint)` tries a TCP connection)."""
+    cfg = settings.stack
+    if not cfg.compute or cfg.cluster.public_access_cidrs:
+        return
+    if endpoint is None:
+        raise _problem("cluster.publicAccessCidrs", [],
+                       f"a list with this machine's egress CIDR (e.g. [198.51.100.7/32]) for the first "
+                       f"`up`: with [] the API endpoint of {cluster}, which does not exist yet, answers only "
+                       "inside the VPC this run creates, so the Kubernetes platform could not be installed; "
+                       "set [] again once you run `up` from inside the VPC (VPN, bastion, CI runner there)")
+    if not reachable(endpoint):
+        raise _problem("cluster.publicAccessCidrs", [],
+                       f"[] only when this machine reaches the private API endpoint of {cluster} ({endpoint} "
+                       "does not answer from here): run `up` from inside the VPC (VPN, bastion, CI runner "
+                       "there) or list this machine's egress CIDR")
+
+
 # --------------------------------------------------------------------------------------------
 # Entry points
 # --------------------------------------------------------------------------------------------

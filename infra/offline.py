@@ -262,6 +262,29 @@ def capacity_blocks_as_configured(config: Mapping[str, Any]) -> Callable[[dict, 
     return answer
 
 
+EKS_CLUSTERS_INVOKE = "aws:eks/getClusters:getClusters"
+EKS_CLUSTER_INVOKE = "aws:eks/getCluster:getCluster"
+
+
+def clusters_existing(stack: str) -> dict[str, Callable[[dict, str], dict]]:
+    """Offline answers to the private-endpoint check's lookups: the stack's cluster exists (the plan
+    models an update run from where its endpoint answers). Tests of a first `up` answer `names: []`."""
+    from infra.cluster import cluster_name
+
+    name = cluster_name(stack)
+
+    def clusters(args: dict, region: str) -> dict:
+        return {"names": [name], "id": region}
+
+    def cluster(args: dict, region: str) -> dict:
+        if args.get("name") != name:
+            raise HarnessError(f"no EKS cluster {args.get('name')!r} offline (only {name!r})")
+        return {"name": name, "id": name, "endpoint": f"https://{name}.gr7.{region}.eks.amazonaws.com",
+                "arn": f"arn:aws:eks:{region}:{ACCOUNT_ID}:cluster/{name}", "status": "ACTIVE"}
+
+    return {EKS_CLUSTERS_INVOKE: clusters, EKS_CLUSTER_INVOKE: cluster}
+
+
 def _service_of(type_: str) -> str:
     # "aws:ec2/vpc:Vpc" -> "ec2"
     try:
@@ -426,12 +449,15 @@ def run_program(
     overrides: Mapping[str, Any] | None = None,
     invokes: Mapping[str, Callable[[dict, str], dict]] | None = None,
     secret_keys: Iterable[str] = (),
+    endpoint_reachable: bool = True,
 ) -> ProgramResult:
     """Run infra/__main__.py for one stack under mocks; return every registered resource and the exports.
 
     stack:     stack name; without `config` its Pulumi.<stack>.yaml is loaded.
     config:    a whole config mapping instead of the committed file ("aws:region", "ringtrain:...").
     overrides: keys replaced on top of the loaded config (a value None removes the key).
+    endpoint_reachable: what the private-endpoint check's TCP probe (infra.cluster.endpoint_reachable)
+               answers; offline runs never open a connection.
     Exceptions raised by the program (e.g. pulumi.RunError for a bad config) propagate unchanged.
     """
     cfg = dict(stack_config(stack) if config is None else config)
@@ -443,7 +469,8 @@ def run_program(
     region = str(cfg.get("aws:region", "us-east-1"))
 
     with _RUN_LOCK:
-        answers = {**INVOKES, CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg), **(invokes or {})}
+        answers = {**INVOKES, CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg),
+                   **clusters_existing(stack), **(invokes or {})}
         mocks = _RecordingMocks(region, answers)
         monitor = _RecordingMonitor(mocks)
         set_all_config(engine_config(cfg), list(secret_keys))
@@ -464,6 +491,10 @@ def run_program(
                 if await out.is_secret():
                     secret_exports.add(key)
 
+        import infra.cluster as cluster_module
+
+        real_probe = cluster_module.endpoint_reachable
+        cluster_module.endpoint_reachable = lambda endpoint, timeout_s=5.0: endpoint_reachable
         try:
             _sync_await(run_pulumi_func(program))
         except BaseException as exc:
@@ -476,6 +507,8 @@ def run_program(
             pulumi_settings.SETTINGS.outputs.clear()
             _retrieve_failed_futures()
             raise
+        finally:
+            cluster_module.endpoint_reachable = real_probe
         resources = list(monitor.captured.values())
 
     return ProgramResult(stack=stack, config=cfg, resources=resources, exports=exports,

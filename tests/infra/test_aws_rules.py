@@ -343,3 +343,34 @@ def test_each_principal_gets_exactly_one_access_entry_and_the_deployer_is_admin(
     admin_policies = {p.inputs["principalArn"] for p in
                       result.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")}
     assert bootstrap or deployer in admin_policies
+
+
+# -- Private API endpoint ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("situation", "kwargs", "says"), [
+    ("first up", {"invokes": {"aws:eks/getClusters:getClusters": lambda a, r: {"names": [], "id": r}}},
+     "for the first `up`"),
+    ("endpoint does not answer here", {"endpoint_reachable": False}, "does not answer from here"),
+])
+def test_a_private_endpoint_this_run_cannot_reach_stops_it_before_declaring_anything(situation, kwargs, says):
+    """With publicAccessCidrs [] (dev) the Kubernetes platform needs the private endpoint; from outside
+    the VPC every Kubernetes resource fails ~20 minutes in, after the cluster exists."""
+    import pulumi
+
+    from tests.infra.harness import run_program
+
+    with pytest.raises(pulumi.RunError) as info:
+        run_program("dev", **kwargs)
+    message = str(info.value)
+    assert message.startswith("ringtrain:cluster.publicAccessCidrs: [] is invalid: ") and says in message
+    assert "\n" not in message
+    # Nothing half-created (the AWS provider object creates nothing in AWS).
+    assert [r.type for r in info.value.harness_resources if not r.type.startswith("pulumi:providers:")] == []
+
+
+def test_a_reachable_private_endpoint_and_a_public_one_pass():
+    from tests.infra.harness import run_program
+
+    assert run_program("dev").of_type("aws:eks/cluster:Cluster")  # private, answers (offline default)
+    prod = run_program("prod", endpoint_reachable=False)  # public from its CIDRs: no probe needed
+    assert prod.of_type("aws:eks/cluster:Cluster")
