@@ -5,7 +5,7 @@ The job is rendered once, here; both executors run this object: the MPI Operator
 launcher container's command and environment as they stand in it. What the operator adds to the object
 (pod names, /etc/mpi files, environment) is in cluster/mpi_operator.py.
 
-Shape (FIELD_NOTES §1, §5, §6):
+Shape (docs/field-notes.md §1, §5, §6):
 - one launcher on the on-demand system nodes (Horovod's driver is not fault tolerant, so it must not
   sit on a spot node, horovod#2653) running `cluster.launch.horovodrun_command` through the image's
   entrypoint (`entrypoint.py launcher -- CMD`, which applies the image's NCCL/EFA defaults first):

@@ -1,6 +1,6 @@
 """The EKS control plane: cluster, its IAM role, log group and managed add-ons; the kubeconfig.
 
-- Authentication mode API with access entries (no aws-auth ConfigMap, FIELD_NOTES §7). Every admin,
+- Authentication mode API with access entries (no aws-auth ConfigMap, docs/field-notes.md §7). Every admin,
   the identity running `pulumi up` included (what the Kubernetes provider in infra/platform.py
   authenticates as), gets ONE access entry the stack declares: EKS's own bootstrap entry for the
   creator is off, because CreateAccessEntry for a principal that already has one fails

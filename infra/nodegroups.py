@@ -5,7 +5,7 @@ monitoring, instance/volume/ENI tags (the cost-allocation tag must reach what is
 provider's default tags do not propagate to instances an Auto Scaling group launches).
 
 GPU groups: AL2023 NVIDIA AMI, the `nvidia.com/gpu` NoSchedule taint, and labels the platform's
-device plugins select on. EFA groups (FIELD_NOTES §1): one interface per network card laid out by
+device plugins select on. EFA groups (docs/field-notes.md §1): one interface per network card laid out by
 infra/efa.py, every interface in the node and EFA security groups, a `cluster` placement group
 unless the group opts out (capacity reservations), and only the subnet of the single GPU AZ.
 Non-EFA GPU groups also stay in the GPU AZ: an allreduce across AZs pays cross-AZ latency and
@@ -21,7 +21,7 @@ resource is declared (`lookup_capacity_block`, infra/config.py check_capacity_bl
 
 The desired size belongs to whoever scales the group at run time (job submission, the cost guard's
 scale-to-zero): `ignore_changes=["scalingConfig.desiredSize"]`, as terraform-aws-eks does
-(FIELD_NOTES §3), so the next `pulumi up` does not undo it. Config desiredSize is the initial size.
+(docs/field-notes.md §3), so the next `pulumi up` does not undo it. Config desiredSize is the initial size.
 """
 
 from __future__ import annotations

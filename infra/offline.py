@@ -10,7 +10,7 @@ Pulumi CLI needed) and the infra tests (tests/infra/harness.py re-exports it).
 
 The program runs exactly as the Pulumi language host runs it (runpy on infra/__main__.py), inside
 `run_pulumi_func`, which waits for every RPC and every pending Output before returning; so tests get
-plain Python data and need no `@pulumi.runtime.test` (FIELD_NOTES §7). Inputs are recorded as the
+plain Python data and need no `@pulumi.runtime.test` (docs/field-notes.md §7). Inputs are recorded as the
 engine would receive them: camelCased keys, numbers as floats, provider object inputs JSON-encoded.
 
 Invokes are answered from INVOKES (token -> function(args, region) -> dict); an invoke without an

@@ -1,10 +1,10 @@
 """The Kubernetes platform on the cluster, through ONE explicit provider built from its kubeconfig.
 
-A Kubernetes resource without an explicit provider silently targets ~/.kube/config (FIELD_NOTES §7):
+A Kubernetes resource without an explicit provider silently targets ~/.kube/config (docs/field-notes.md §7):
 every resource here is created with `opts.provider=self.provider` (tests check all of them).
 
 - NVIDIA device plugin (Helm, pinned) on GPU nodes, tolerating the GPU taint.
-- AWS EFA device plugin (Helm, pinned) on EFA nodes ONLY: it crash-loops elsewhere (FIELD_NOTES §1).
+- AWS EFA device plugin (Helm, pinned) on EFA nodes ONLY: it crash-loops elsewhere (docs/field-notes.md §1).
 - Kubeflow MPI Operator (release manifest pinned by version URL) for Horovod MPIJobs.
 - The training namespace and service account; its IAM role (EKS Pod Identity) may read the datasets
   bucket and read/write the checkpoints bucket and nothing else (infra/iam.py).

@@ -36,7 +36,7 @@ defensible without a measurement: 8 busy ranks on a 192-vCPU p5 read ~4 %, a sin
 and an idle node's agents have not been measured; too low a threshold keeps an idle p5 (~$55/h) up
 forever. A job that keeps its GPUs idle longer than `costGuard.idleMinutes` (a long CPU-only
 preprocessing step) needs a longer window. Anchors for the window: ParallelCluster ScaledownIdletime
-10 min, SkyPilot autostop 5-10 min (FIELD_NOTES §4).
+10 min, SkyPilot autostop 5-10 min (docs/field-notes.md §4).
 
 Every verdict is logged as one JSON line with its evidence per node: GPU peak, GPU minutes covered,
 newest GPU datapoint's age, CPU peak, age.

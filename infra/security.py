@@ -8,7 +8,7 @@ pulumi/pulumi-awsx#328). tests/infra/test_aws_rules.py checks every group of eve
 
 No rule anywhere admits traffic from 0.0.0.0/0. The EFA group allows ALL traffic from itself AND to
 itself: an egress rule to 0.0.0.0/0 does not cover EFA's SRD traffic, and without the self egress rule
-NCCL fails with "Unresponsive receiver" (FIELD_NOTES §1). Rules are separate resources
+NCCL fails with "Unresponsive receiver" (docs/field-notes.md §1). Rules are separate resources
 (aws.vpc.SecurityGroupIngressRule / EgressRule), so AWS's implicit allow-all egress is never relied on.
 """
 

@@ -33,7 +33,7 @@ entrypoint = load_image_module("entrypoint")
 
 SETUP = REPO_ROOT / "scripts" / "setup"
 BUILD_HOROVOD = REPO_ROOT / "scripts" / "build-horovod"
-FIELD_NOTES = REPO_ROOT.parent / "shared" / "FIELD_NOTES.md"
+FIELD_NOTES = REPO_ROOT / "docs" / "field-notes.md"
 
 
 def _hadolint() -> str:
@@ -161,8 +161,8 @@ def test_pin_check_fails_when_pyproject_moves_on():
 
 
 def test_field_note_pins_for_the_efa_stack():
-    """FIELD_NOTES §2: EFA installer 1.47.0, GDRCopy v2.5.1, NCCL v2.29.3-1 (>= 2.18.5 for p5; NCCL >= 2.19
-    needs EFA installer >= 1.29.1), CUDA >= 12 for p5, Ubuntu 22.04 bases."""
+    """docs/field-notes.md §2: EFA installer 1.47.0, GDRCopy v2.5.1, NCCL v2.29.3-1 (>= 2.18.5 for p5;
+    NCCL >= 2.19 needs EFA installer >= 1.29.1), CUDA >= 12 for p5, Ubuntu 22.04 bases."""
     args = build.dockerfile_args(DOCKERFILE.read_text())
     assert args["EFA_INSTALLER_VERSION"] == "1.47.0"
     assert args["GDRCOPY_VERSION"] == "v2.5.1"
@@ -571,8 +571,8 @@ def test_every_default_is_documented_by_a_comment():
             assert i > 0 and lines[i - 1].startswith("#"), f"{line} has no comment above it saying why"
 
 
-# The rules of FIELD_NOTES §2 (awsome-distributed-training efa-cheatsheet.md) for the installed versions:
-# EFA installer 1.47.0 brings libfabric >= 1.18 and aws-ofi-nccl >= 1.7.
+# The rules of docs/field-notes.md §2 (awsome-distributed-training efa-cheatsheet.md) for the installed
+# versions: EFA installer 1.47.0 brings libfabric >= 1.18 and aws-ofi-nccl >= 1.7.
 REQUIRED = {
     "FI_EFA_USE_HUGE_PAGE": "0",
     "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
@@ -610,13 +610,11 @@ def test_env_rule_check_catches_a_forbidden_or_wrong_setting():
 
 
 def test_env_rules_match_the_field_notes_text():
-    """Where the shared field notes are present, the rules above are the ones they state."""
-    if not FIELD_NOTES.is_file():
-        pytest.skip(f"{FIELD_NOTES} is not in this checkout; the rules above carry its §2 content")
+    """The rules above are the ones the field notes state (the repository's copy, docs/field-notes.md)."""
     notes = FIELD_NOTES.read_text()
     section = notes.split("## 2.", 1)[1].split("\n## ", 1)[0]
     for key, value in REQUIRED.items():
-        assert f"{key}={value}" in section, f"{key}={value} not stated in FIELD_NOTES §2"
+        assert f"{key}={value}" in section, f"{key}={value} not stated in docs/field-notes.md §2"
     assert re.search(r"`RDMAV_FORK_SAFE`\s*\|\s*never set", section)
     assert re.search(r"`FI_EFA_USE_DEVICE_RDMA=1`\s*\|\s*only with aws-ofi-nccl < 1\.7", section)
     assert "EFA installer 1.47.0" in section and "NCCL v2.29.3-1" in section and "GDRCopy v2.5.1" in section

@@ -1,4 +1,5 @@
-"""The instance-type catalog: data with typed records, sources and dates; facts match FIELD_NOTES §1/§4."""
+"""The instance-type catalog: data with typed records, sources and dates; facts match docs/field-notes.md
+§1/§4."""
 
 import pytest
 import yaml

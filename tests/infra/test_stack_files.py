@@ -10,5 +10,5 @@ from infra.offline import COMMITTED_STACKS, stack_config
 @pytest.mark.parametrize("stack", COMMITTED_STACKS)
 def test_kubernetes_strict_mode_is_on(stack):
     # Without it, a Kubernetes resource that forgot the cluster provider silently targets whatever
-    # ~/.kube/config points at (FIELD_NOTES §7).
+    # ~/.kube/config points at (docs/field-notes.md §7).
     assert stack_config(stack).get("kubernetes:strictMode") == "true"
