@@ -135,6 +135,7 @@ class LocalHosts:
             if self.plan.launcher is not None:
                 # The launcher pod's node: its own namespace on the bridge, where /etc/mpi can be mounted.
                 self.mpi_mount = network.claim_mount_point(network.CONFIG_MOUNT_PATH)
+                reaper.write_plan(self.workdir, self.plan, created_mount_point=self.mpi_mount.created)
                 network.create_host_netns(self.plan, self.plan.launcher, self._hosts_file())
             for host in self.hosts:
                 self._start_host(host)

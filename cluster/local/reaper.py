@@ -38,8 +38,10 @@ def write_owner(workdir: Path, store: tuple[str, int] | None = None) -> None:
     tmp.replace(workdir / OWNER_FILE)
 
 
-def write_plan(cluster_dir: Path, plan: network.NetworkPlan) -> None:
-    record = {"subnet_index": plan.subnet_index, "isolated": plan.isolated, "hosts": len(plan.hosts)}
+def write_plan(cluster_dir: Path, plan: network.NetworkPlan, created_mount_point: bool = False) -> None:
+    """The plan a reaper needs; `created_mount_point`: this cluster created /etc/mpi (and may remove it)."""
+    record = {"subnet_index": plan.subnet_index, "isolated": plan.isolated, "hosts": len(plan.hosts),
+              "created_mount_point": created_mount_point}
     (cluster_dir / PLAN_FILE).write_text(json.dumps(record))
 
 
@@ -103,7 +105,8 @@ def reap(workdir: Path, log: Callable[[str], None] = print) -> None:
         for host in [*full.hosts, *([full.launcher] if full.launcher else [])]:
             with contextlib.suppress(network.NetworkSetupError):
                 network.delete_host_netns(host)
-        network.MountPoint(network.CONFIG_MOUNT_PATH, created=True).release()
+        if plan.get("created_mount_point"):
+            network.MountPoint(network.CONFIG_MOUNT_PATH, created=True).release()
         with contextlib.suppress(network.NetworkSetupError):
             network.delete_bridge(full)
     shutil.rmtree(workdir, ignore_errors=True)

@@ -362,3 +362,20 @@ def test_cli_task_travels_in_the_trainer_argv_and_demo_keeps_its_model_flag():
     with pytest.raises(UsageError) as e:
         check_args(_args("--task", "image", "--model", "cnn"))
     assert "--model cnn: the demo task's model; --task image takes its own flags after `--`" in str(e.value)
+
+
+def test_the_etc_mpi_mount_point_goes_with_its_creator_once_no_launcher_uses_it(tmp_path, monkeypatch):
+    path = tmp_path / "mpi"
+    mine = network.claim_mount_point(path)
+    assert mine.created and path.is_dir()
+    theirs = network.claim_mount_point(path)
+    assert not theirs.created
+    theirs.release()
+    assert path.is_dir()  # not theirs to remove
+    namespaces = ["ringtrain-7-launcher"]
+    monkeypatch.setattr(network, "list_namespaces", lambda prefix=network.NETNS_PREFIX: list(namespaces))
+    mine.release()
+    assert path.is_dir()  # another cluster's launcher still binds over it
+    namespaces[:] = ["ringtrain-7-host-0"]
+    mine.release()
+    assert not path.exists()
