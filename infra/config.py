@@ -87,7 +87,11 @@ class NetworkConfig(_Section):
     gpu_availability_zone: str = Field(
         description="one of availabilityZones (EFA node groups live in one AZ)")
     nat_gateways: Literal["single", "perAz"] = Field(description="single (one shared NAT, cheap) or perAz")
-    flow_logs: bool = Field(description="true or false (VPC flow logs to CloudWatch Logs)")
+    flow_logs: bool = Field(description="true or false (VPC flow logs)")
+    flow_log_destination: Literal["cloudWatchLogs", "s3"] = Field(
+        default="cloudWatchLogs",
+        description="cloudWatchLogs (queryable at once) or s3 (cheaper per GB; an encrypted bucket of "
+                    "the stack's own)")
     flow_log_retention_days: int = Field(default=30, description="days to keep flow logs: " + _RETENTION_HELP)
     kubernetes_service_cidr: str = Field(
         default="172.20.0.0/16",

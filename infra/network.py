@@ -68,6 +68,53 @@ def flow_log_permissions_policy(log_group_arn: str) -> dict:
     }
 
 
+def flow_log_source_conditions(account_id: str, region: str) -> dict:
+    """Only log deliveries of this account and region (confused-deputy guard of the VPC user guide's
+    flow-logs-s3 bucket and key policies)."""
+    return {"StringEquals": {"aws:SourceAccount": account_id},
+            "ArnLike": {"aws:SourceArn": f"arn:aws:logs:{region}:{account_id}:*"}}
+
+
+def flow_log_bucket_policy(bucket_arn: str, account_id: str, region: str) -> dict:
+    """The flow-log bucket: the log-delivery service writes (VPC user guide "Amazon S3 bucket
+    permissions for flow logs": s3:PutObject with bucket-owner-full-control, s3:GetBucketAcl and
+    s3:ListBucket), nothing arrives without TLS."""
+    source = flow_log_source_conditions(account_id, region)
+    delivery = {"Service": "delivery.logs.amazonaws.com"}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "AWSLogDeliveryWrite", "Effect": "Allow", "Principal": delivery,
+             "Action": "s3:PutObject", "Resource": f"{bucket_arn}/AWSLogs/{account_id}/*",
+             "Condition": {**source, "StringEquals": {**source["StringEquals"],
+                                                      "s3:x-amz-acl": "bucket-owner-full-control"}}},
+            {"Sid": "AWSLogDeliveryCheck", "Effect": "Allow", "Principal": delivery,
+             "Action": ["s3:GetBucketAcl", "s3:ListBucket"], "Resource": bucket_arn, "Condition": source},
+            {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+             "Resource": [bucket_arn, f"{bucket_arn}/*"],
+             "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        ],
+    }
+
+
+def flow_log_key_policy(account_id: str, region: str) -> dict:
+    """The flow-log bucket's own KMS key: the account administers it (as AWS's default key policy
+    does); the log-delivery service may use it for this account's deliveries only (VPC user guide
+    flow-logs-s3: SSE-KMS with a customer managed key needs this key-policy statement)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "AccountAdministers", "Effect": "Allow",
+             "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"}, "Action": "kms:*", "Resource": "*"},
+            {"Sid": "AllowLogDeliveryUse", "Effect": "Allow",
+             "Principal": {"Service": "delivery.logs.amazonaws.com"},
+             "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                        "kms:DescribeKey"],
+             "Resource": "*", "Condition": flow_log_source_conditions(account_id, region)},
+        ],
+    }
+
+
 class Network(pulumi.ComponentResource):
     """VPC, subnets, routing, NAT (only while compute is up), S3 gateway endpoint, flow logs."""
 
@@ -173,6 +220,8 @@ class Network(pulumi.ComponentResource):
         })
 
     def _flow_logs(self, name: str, cfg: NetworkConfig, account_id: pulumi.Input[str]) -> aws.ec2.FlowLog:
+        if cfg.flow_log_destination == "s3":
+            return self._flow_logs_to_s3(name, cfg, account_id)
         child = pulumi.ResourceOptions(parent=self)
         # CloudWatch Logs encrypts log data at rest itself; a customer key would need a key policy
         # granting the logs service, which the data key deliberately does not have.
@@ -193,6 +242,61 @@ class Network(pulumi.ComponentResource):
             f"{name}-flow-logs", vpc_id=self.vpc.id, traffic_type="ALL",
             log_destination_type="cloud-watch-logs",
             log_destination=group.arn, iam_role_arn=role.arn, max_aggregation_interval=60, opts=child)
+
+
+    def _flow_logs_to_s3(self, name: str, cfg: NetworkConfig,
+                         account_id: pulumi.Input[str]) -> aws.ec2.FlowLog:
+        """Flow logs as S3 objects: vended-log delivery costs $0.25/GB to S3 against $0.50/GB to
+        CloudWatch Logs (first 10 TB a month, plus storage; Amazon CloudWatch pricing, "Vended logs",
+        as tabulated in aws-samples/sample-cfm-tips-mcp services/cloudwatch_service_vended_log.py),
+        for logs that are read rarely. The
+        bucket has its own key (the data key keeps AWS's default key policy, which does not let the
+        log-delivery service encrypt), blocks public access, takes TLS only, and expires objects after
+        flowLogRetentionDays. It holds only disposable logs, so destroy may empty it."""
+        child = pulumi.ResourceOptions(parent=self)
+        region = _region_of(cfg)
+        stack = pulumi.get_stack().lower()
+        key = aws.kms.Key(
+            f"{name}-flow-logs", description=f"ringtrain {stack}: VPC flow logs bucket",
+            enable_key_rotation=True, deletion_window_in_days=7,
+            policy=pulumi.Output.from_input(account_id).apply(
+                lambda acct: json.dumps(flow_log_key_policy(acct, region))),
+            opts=child)
+        bucket = aws.s3.Bucket(f"{name}-flow-logs", bucket_prefix=f"ringtrain-{stack}-flow-logs-"[:37],
+                               force_destroy=True, opts=child)
+        in_bucket = pulumi.ResourceOptions(parent=bucket)
+        owner = aws.s3.BucketOwnershipControls(
+            f"{name}-flow-logs", bucket=bucket.id,
+            rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
+            opts=in_bucket)
+        block = aws.s3.BucketPublicAccessBlock(
+            f"{name}-flow-logs", bucket=bucket.id, block_public_acls=True, block_public_policy=True,
+            ignore_public_acls=True, restrict_public_buckets=True, opts=in_bucket)
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-flow-logs", bucket=bucket.id,
+            rules=[aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                apply_server_side_encryption_by_default=aws.s3.
+                BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                    sse_algorithm="aws:kms", kms_master_key_id=key.arn),
+                bucket_key_enabled=True)],
+            opts=in_bucket)
+        policy = aws.s3.BucketPolicy(
+            f"{name}-flow-logs", bucket=bucket.id,
+            policy=pulumi.Output.all(bucket.arn, account_id).apply(
+                lambda v: json.dumps(flow_log_bucket_policy(v[0], v[1], region))),
+            opts=pulumi.ResourceOptions(parent=bucket, depends_on=[block, owner]))
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-flow-logs", bucket=bucket.id,
+            rules=[aws.s3.BucketLifecycleConfigurationRuleArgs(
+                id="expire-flow-logs", status="Enabled",
+                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+                expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
+                    days=cfg.flow_log_retention_days))],
+            opts=in_bucket)
+        return aws.ec2.FlowLog(
+            f"{name}-flow-logs", vpc_id=self.vpc.id, traffic_type="ALL", log_destination_type="s3",
+            log_destination=bucket.arn, max_aggregation_interval=60,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
 
 
 def _region_of(cfg: NetworkConfig) -> str:

@@ -92,7 +92,8 @@ def test_s3_gateway_endpoint_serves_every_private_route_table(committed, stack):
 
 def test_flow_logs_follow_config(committed):
     assert committed("dev").of_type("aws:ec2/flowLog:FlowLog") == []
-    prod = committed("prod")
+    network = {**committed("prod").config["ringtrain:network"], "flowLogDestination": "cloudWatchLogs"}
+    prod = run_program("prod", overrides={"ringtrain:network": network})
     flow = prod.one("aws:ec2/flowLog:FlowLog")
     group = prod.one("aws:cloudwatch/logGroup:LogGroup", "net-flow-logs")
     role = prod.one("aws:iam/role:Role", "net-flow-logs")
@@ -104,6 +105,35 @@ def test_flow_logs_follow_config(committed):
     assert trust["Statement"][0]["Principal"] == {"Service": "vpc-flow-logs.amazonaws.com"}
     perms = json.loads(prod.one("aws:iam/rolePolicy:RolePolicy", "net-flow-logs").inputs["policy"])
     assert set(perms["Statement"][0]["Resource"]) == {group.outputs["arn"], group.outputs["arn"] + ":*"}
+
+
+def test_prod_flow_logs_go_to_an_encrypted_expiring_bucket_of_their_own(committed):
+    """VPC user guide flow-logs-s3: the log-delivery service writes with bucket-owner-full-control
+    and, with SSE-KMS, needs the customer key's policy to let it encrypt (the data key keeps AWS's
+    default key policy, so the bucket gets its own key)."""
+    prod = committed("prod")
+    flow = prod.one("aws:ec2/flowLog:FlowLog")
+    bucket = prod.one("aws:s3/bucket:Bucket", "net-flow-logs")
+    assert flow.inputs["logDestinationType"] == "s3"
+    assert flow.inputs["logDestination"] == bucket.outputs["arn"]
+    assert "iamRoleArn" not in flow.inputs
+    assert prod.of_type("aws:cloudwatch/logGroup:LogGroup") and not [
+        g for g in prod.of_type("aws:cloudwatch/logGroup:LogGroup") if g.name == "net-flow-logs"]
+    key = prod.one("aws:kms/key:Key", "net-flow-logs")
+    (sse,) = [r for r in prod.of_type("aws:s3/bucketServerSideEncryptionConfiguration:"
+                                      "BucketServerSideEncryptionConfiguration") if r.name == "net-flow-logs"]
+    default = sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]
+    assert default["kmsMasterKeyId"] == key.outputs["arn"]
+    delivery = [st for st in json.loads(key.inputs["policy"])["Statement"]
+                if st["Principal"] == {"Service": "delivery.logs.amazonaws.com"}]
+    assert delivery and "kms:GenerateDataKey*" in delivery[0]["Action"]
+    policy = json.loads(prod.one("aws:s3/bucketPolicy:BucketPolicy", "net-flow-logs").inputs["policy"])
+    write = next(st for st in policy["Statement"] if st["Action"] == "s3:PutObject")
+    assert write["Condition"]["StringEquals"]["s3:x-amz-acl"] == "bucket-owner-full-control"
+    assert write["Condition"]["StringEquals"]["aws:SourceAccount"] == "123456789012"
+    lifecycles = prod.of_type("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    (lifecycle,) = [r for r in lifecycles if r.name == "net-flow-logs"]
+    assert lifecycle.inputs["rules"][0]["expiration"]["days"] == 90
 
 
 def test_compute_off_removes_nat_but_keeps_the_network():

@@ -50,12 +50,17 @@ def test_base_components_hold_the_network_security_and_data(committed):
         "aws:ec2/natGateway:NatGateway": "ringtrain:network:Network",
         "aws:ec2/flowLog:FlowLog": "ringtrain:network:Network",
         "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": "ringtrain:security:SecurityGroups",
-        "aws:s3/bucketPolicy:BucketPolicy": "ringtrain:data:DataLayer",
+
         "aws:ecr/repository:Repository": "ringtrain:data:DataLayer",
-        "aws:kms/key:Key": "ringtrain:data:DataLayer",
     }
     for type_, component in expect.items():
         assert {owner[r.urn] for r in result.of_type(type_)} == {component}, type_
+    # Keys and bucket policies: the data layer's, and prod's flow-log bucket's in the network.
+    data, net = "ringtrain:data:DataLayer", "ringtrain:network:Network"
+    for type_, names in (("aws:s3/bucketPolicy:BucketPolicy", ("data-datasets", "data-checkpoints")),
+                         ("aws:kms/key:Key", ("data-key",))):
+        assert {r.name: owner[r.urn] for r in result.of_type(type_)} == {
+            **dict.fromkeys(names, data), "net-flow-logs": net}, type_
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
