@@ -108,6 +108,7 @@ def _run(hosts: LocalHosts, mpijob: dict, tmp_path: Path) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_a_job_runs_as_the_operator_runs_it(cluster, tmp_path):
     """Launcher args replaced by a probe: what the launcher container sees of the operator's world."""
     hosts = cluster
@@ -152,6 +153,7 @@ def test_a_job_runs_as_the_operator_runs_it(cluster, tmp_path):
         running.remove_listener()
 
 
+@pytest.mark.slow
 def test_the_worker_pods_run_with_the_pods_environment(cluster, tmp_path):
     hosts = cluster
     mpijob = render(JobSpec(name="k", num_hosts=1, env={"RINGTRAIN_MARK": "pod-env"}), hosts.iface,
