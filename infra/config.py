@@ -17,7 +17,7 @@ import ipaddress
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -96,6 +96,12 @@ class NetworkConfig(_Section):
     kubernetes_service_cidr: str = Field(
         default="172.20.0.0/16",
         description="an IPv4 CIDR for Kubernetes services that does not overlap the VPC cidr")
+
+    @property
+    def nat_gateway_azs(self) -> list[str]:
+        """Where the NAT gateways go (while compute is up): one per AZ, or a single one in the GPU AZ so
+        that the heaviest egress does not cross AZs."""
+        return list(self.availability_zones) if self.nat_gateways == "perAz" else [self.gpu_availability_zone]
 
     @field_validator("cidr")
     @classmethod
@@ -613,7 +619,13 @@ def engine_config_map() -> dict[str, Any]:
     return merged
 
 
+def settings_from_engine_config(config: Mapping[str, Any]) -> Settings:
+    """Validate a whole engine config map (values as the engine passes them: strings, JSON for the rest);
+    the region is `aws:region`, else the AWS_REGION environment variable, as the AWS provider reads it."""
+    return parse_stack_config(raw_namespace(dict(config)),
+                              config.get(REGION_KEY) or os.environ.get("AWS_REGION"))
+
+
 def load_stack_config() -> Settings:
     """Read and validate the running stack's config (call before declaring any resource)."""
-    config = engine_config_map()
-    return parse_stack_config(raw_namespace(config), config.get(REGION_KEY) or os.environ.get("AWS_REGION"))
+    return settings_from_engine_config(engine_config_map())

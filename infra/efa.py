@@ -20,6 +20,11 @@ tests/infra/test_compute_efa_iam.py hold the layout to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infra.catalog import Catalog
+    from infra.config import NodeGroupConfig
 
 PRIMARY_INTERFACE_TYPE = "interface"  # ENA (EC2 InterfaceType "interface")
 EFA_INTERFACE_TYPE = "efa-only"
@@ -44,3 +49,9 @@ def efa_interfaces(network_cards: int) -> list[EfaInterface]:
                      interface_type=EFA_INTERFACE_TYPE)
         for card in range(network_cards)
     ]
+
+
+def efa_interface_count(group: NodeGroupConfig, catalog: Catalog) -> int:
+    """EFA interfaces per node of a group (0 without EFA): one per network card of its first type;
+    config validation made its types agree."""
+    return catalog[group.instance_types[0]].efa_interfaces if group.efa else 0

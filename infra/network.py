@@ -180,12 +180,10 @@ class Network(pulumi.ComponentResource):
                                       route_table_id=self.private_route_tables[plan.gpu_az].id,
                                       opts=pulumi.ResourceOptions(parent=self.gpu_subnet))
 
-        # NAT exists only while compute is up (it bills by the hour). A single NAT sits in the GPU AZ so
-        # the heaviest egress does not cross AZs.
+        # NAT exists only while compute is up (it bills by the hour).
         self.nat_gateways: dict[str, aws.ec2.NatGateway] = {}
         if compute:
-            nat_azs = list(cfg.availability_zones) if cfg.nat_gateways == "perAz" else [plan.gpu_az]
-            for az in nat_azs:
+            for az in cfg.nat_gateway_azs:
                 eip = aws.ec2.Eip(f"{name}-nat-{az}", domain="vpc", tags={"Name": f"{name}-nat-{az}"},
                                   opts=child)
                 nat = aws.ec2.NatGateway(

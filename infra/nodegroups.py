@@ -37,7 +37,7 @@ from infra import iam
 from infra.catalog import Catalog
 from infra.cluster import EksCluster
 from infra.config import CapacityBlock, NodeGroupConfig, SystemNodesConfig
-from infra.efa import efa_interfaces
+from infra.efa import efa_interface_count, efa_interfaces
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 CPU_AMI_TYPE = "AL2023_x86_64_STANDARD"
@@ -83,11 +83,6 @@ def gpu_node_labels(group: str, efa: bool) -> dict[str, str]:
 
 def placement_group_wanted(group: NodeGroupConfig) -> bool:
     return group.efa and group.placement_group
-
-
-def efa_interface_count(group: NodeGroupConfig, catalog: Catalog) -> int:
-    """EFA interfaces per node of a group (0 without EFA); config validation made them agree."""
-    return catalog[group.instance_types[0]].efa_interfaces if group.efa else 0
 
 
 def lookup_capacity_block(reservation_id: str, provider: pulumi.ProviderResource) -> CapacityBlock:

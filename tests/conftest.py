@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from cluster.local.objectstore import ObjectStore
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:  # make `tests.infra.harness` importable however pytest is started
+    sys.path.insert(0, _ROOT)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """`python -m cluster.aws.cli plan|up|down|status|submit`: the operator's commands for an AWS stack.
 
-    plan   --stack dev [--hours 24] [--json]        offline: what the stack creates and costs (no AWS, no CLI)
+    plan   --stack dev [--hours 24] [--json]        offline: node groups and cost (no AWS, no Pulumi)
     up     --stack dev [--kubeconfig PATH]          compute on; kubeconfig written with mode 0600
     down   --stack dev                              compute off; the data layer stays
     down   --stack dev --delete-data [--confirm dev]  everything, data included, after a typed confirmation
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--stack", required=True, help="the Pulumi stack (Pulumi.<stack>.yaml), e.g. dev")
         return sp
 
-    plan = with_stack(add("plan", "offline: resources and cost of a stack (no AWS, no CLI)"))
+    plan = with_stack(add("plan", "offline: node groups and cost of a stack (no AWS, no Pulumi)"))
     plan.add_argument("--hours", type=_positive_hours, default=24.0,
                       help="length of a run at full scale to price (default 24)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")

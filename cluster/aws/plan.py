@@ -1,9 +1,13 @@
-"""Offline plan: what a stack would create and what it costs, with no AWS credentials and no Pulumi CLI.
+"""Offline plan: what a stack's billed-by-the-hour resources are and what they cost, with no AWS
+credentials, no Pulumi CLI and no Pulumi runtime.
 
-The real Pulumi program (infra/__main__.py) runs under mocks (infra/offline.py); the plan reads the
-resources it declares: counts by type, the EKS managed node groups (instance types, GPUs, EFA
-interfaces from their launch templates, capacity type, sizes), NAT gateways and the control plane.
-Costs come from infra/catalog.yaml's list prices:
+A pure function of the stack's validated config (infra/config.py, the same validation the program runs
+first) and the catalog (infra/catalog.yaml): the EKS managed node groups (instance types, GPUs, EFA
+interfaces per node, capacity type, sizes), the NAT gateways and the control plane, by the rules the
+program declares them with (infra/network.py, infra/nodegroups.py; tests/cluster/test_plan.py checks
+the plan against what the program declares under mocks, for every committed stack and variants).
+Everything else the program declares (network, data layer, IAM, add-ons) is not billed by the hour;
+`pulumi preview` lists it. Costs come from the catalog's list prices:
 
 - idle $/h:       EKS control plane + NAT gateways + system nodes at desiredSize + GPU groups at minSize
                   (what runs when no job does; the cost guard scales GPU groups down to minSize);
@@ -21,20 +25,16 @@ processing, S3 requests) are not included.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.catalog import Catalog
+from cluster.mpijob import SYSTEM_POOL
+from infra.catalog import Catalog, load_catalog
+from infra.config import ConfigError, Settings, settings_from_engine_config
+from infra.efa import efa_interface_count
+from infra.stacks import REPO_ROOT, engine_config, stack_config, stack_file, stack_names
 
-NODE_GROUP_TYPE = "aws:eks/nodeGroup:NodeGroup"
-LAUNCH_TEMPLATE_TYPE = "aws:ec2/launchTemplate:LaunchTemplate"
-NAT_GATEWAY_TYPE = "aws:ec2/natGateway:NatGateway"
-EKS_CLUSTER_TYPE = "aws:eks/cluster:Cluster"
-EFA_INTERFACE_TYPES = ("efa", "efa-only")
-# infra/nodegroups.py labels every node with its group's config name; the plan shows that name.
-NODE_POOL_LABEL = "ringtrain.io/node-pool"
 PRICE_REGION = "us-east-1"  # the region of the catalog's list prices
 CAPACITY_BLOCK = "CAPACITY_BLOCK"
 CAPACITY_BLOCK_NOTE = "Capacity Block: paid up front for the whole block; not in the totals"
@@ -102,7 +102,6 @@ class Plan:
     stack: str
     region: str
     compute: bool
-    resource_counts: dict[str, int]
     node_groups: tuple[NodeGroupPlan, ...]
     nat_gateways: int
     eks_clusters: int
@@ -110,63 +109,29 @@ class Plan:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _int(value: Any) -> int:
-    # Inputs reach the mock monitor as the engine sees them: numbers are floats.
-    return int(round(float(value)))
-
-
-def _efa_interfaces_by_template(resources: list[Any]) -> dict[str, int]:
-    """Launch template id (and name) -> number of EFA interfaces it attaches."""
-    out: dict[str, int] = {}
-    for res in resources:
-        if res.type != LAUNCH_TEMPLATE_TYPE:
-            continue
-        nics = res.inputs.get("networkInterfaces") or []
-        count = sum(1 for nic in nics if nic.get("interfaceType") in EFA_INTERFACE_TYPES)
-        for key in (res.id, res.outputs.get("id"), res.inputs.get("name"), res.name):
-            if key:
-                out[str(key)] = count
-    return out
-
-
-def node_groups_from_resources(resources: list[Any], catalog: Catalog) -> tuple[NodeGroupPlan, ...]:
-    """The managed node groups the program declares, as plain records."""
-    efa_by_template = _efa_interfaces_by_template(resources)
+def node_groups_from_settings(settings: Settings, catalog: Catalog) -> tuple[NodeGroupPlan, ...]:
+    """The managed node groups the program declares for this config (none while compute is off): the
+    on-demand system group, then the GPU groups, each named by its config name."""
+    cfg = settings.stack
+    if not cfg.compute:
+        return ()
+    system = cfg.cluster.system_nodes
+    declared = [(SYSTEM_POOL, "system", (system.instance_type,), "ON_DEMAND", system, 0)]
+    declared += [(g.name, "gpu", tuple(g.instance_types), g.capacity_type, g, efa_interface_count(g, catalog))
+                 for g in cfg.node_groups]
     groups = []
-    for res in resources:
-        if res.type != NODE_GROUP_TYPE:
-            continue
-        inputs = res.inputs
-        types = tuple(inputs.get("instanceTypes") or ())
-        if not types:
-            raise PlanError(f"node group {res.name!r} declares no instanceTypes")
-        unknown = [t for t in types if t not in catalog]
-        if unknown:
-            raise PlanError(f"node group {res.name!r}: instance types {', '.join(unknown)} are not in "
-                            "infra/catalog.yaml; add them there")
-        records = [catalog[t] for t in types]
-        scaling = inputs.get("scalingConfig") or {}
-        template = inputs.get("launchTemplate") or {}
-        efa = 0
-        for key in (template.get("id"), template.get("name")):
-            if key and str(key) in efa_by_template:
-                efa = efa_by_template[str(key)]
-                break
-        gpus = max(r.gpus for r in records)
-        pool = (inputs.get("labels") or {}).get(NODE_POOL_LABEL)
+    for name, role, types, capacity_type, sizes, efa in declared:
+        records = [catalog[t] for t in types]  # config validation checked every type is in the catalog
         groups.append(NodeGroupPlan(
-            name=str(pool or inputs.get("nodeGroupName") or res.name),
-            role="gpu" if gpus > 0 else "system",
-            instance_types=types,
-            capacity_type=str(inputs.get("capacityType") or "ON_DEMAND"),
-            min_size=_int(scaling.get("minSize", 0)),
-            desired_size=_int(scaling.get("desiredSize", 0)),
-            max_size=_int(scaling.get("maxSize", 0)),
-            gpus_per_node=gpus,
-            gpu_model=records[0].gpu_model,
-            efa_interfaces=efa,
-        ))
+            name=name, role=role, instance_types=types, capacity_type=capacity_type,
+            min_size=sizes.min_size, desired_size=sizes.desired_size, max_size=sizes.max_size,
+            gpus_per_node=max(r.gpus for r in records), gpu_model=records[0].gpu_model, efa_interfaces=efa))
     return tuple(sorted(groups, key=lambda g: (g.role != "system", g.name)))
+
+
+def nat_gateway_count(settings: Settings) -> int:
+    """NAT gateways exist only while compute is up (infra/network.py)."""
+    return len(settings.stack.network.nat_gateway_azs) if settings.stack.compute else 0
 
 
 def _group_price(group: NodeGroupPlan, catalog: Catalog) -> tuple[float | None, str]:
@@ -222,19 +187,19 @@ def estimate_cost(node_groups: tuple[NodeGroupPlan, ...], nat_gateways: int, eks
                         price_sources=tuple(sorted(sources)), unpriced_types=tuple(sorted(unpriced)))
 
 
-def plan_from_result(result: Any, catalog: Catalog, run_hours: float) -> Plan:
-    """A Plan from an offline program run (infra.offline.ProgramResult)."""
-    resources = list(result.resources)
-    counts = Counter(r.type for r in resources if r.custom and not r.type.startswith("pulumi:providers:"))
-    groups = node_groups_from_resources(resources, catalog)
-    nats = counts.get(NAT_GATEWAY_TYPE, 0)
-    clusters = counts.get(EKS_CLUSTER_TYPE, 0)
-    compute = _config_bool(result.config.get("ringtrain:compute", True))
+def plan_from_settings(stack: str, settings: Settings, catalog: Catalog, run_hours: float) -> Plan:
+    """The plan of a validated stack config (pure)."""
+    cfg = settings.stack
+    groups = node_groups_from_settings(settings, catalog)
+    nats = nat_gateway_count(settings)
+    clusters = 1 if cfg.compute else 0
     notes = [
         "List prices (on-demand, Linux, us-east-1 unless stated) from infra/catalog.yaml; they drift: "
         "check them before quoting.",
         "Spot groups are shown at the on-demand list price: an upper bound, spot prices float below it.",
         "Not included: data layer (S3 storage and requests, KMS, ECR), NAT data processing, EBS volumes.",
+        f"Priced from Pulumi.{stack}.yaml and the catalog; `pulumi preview --stack {stack}` lists every "
+        "resource the stack declares.",
     ]
     blocks = [g.name for g in groups if g.capacity_type == CAPACITY_BLOCK]
     if blocks:
@@ -242,42 +207,32 @@ def plan_from_result(result: Any, catalog: Catalog, run_hours: float) -> Plan:
                      "bought, for its whole duration (price: EC2 DescribeCapacityBlockOfferings); the "
                      "$/h totals leave them out. Offline the block is assumed to match the config; "
                      "`pulumi preview`/`up` check it against AWS.")
-    if not compute:
+    if not cfg.compute:
         notes.insert(0, "ringtrain:compute is false: compute is down, only the data layer exists.")
-    region = str(result.config.get("aws:region", ""))
-    if region and region != PRICE_REGION:
-        notes.insert(0, f"The catalog's prices are {PRICE_REGION} list prices; {region} prices may differ.")
+    if settings.region != PRICE_REGION:
+        notes.insert(0, f"The catalog's prices are {PRICE_REGION} list prices; {settings.region} prices "
+                        "may differ.")
     cost = estimate_cost(groups, nats, clusters, catalog, run_hours)
     if cost.unpriced_types:
         notes.append(f"No list price for {', '.join(cost.unpriced_types)}: totals leave them out and are "
                      "lower bounds.")
-    return Plan(stack=result.stack, region=region, compute=compute,
-                resource_counts=dict(sorted(counts.items())), node_groups=groups, nat_gateways=nats,
-                eks_clusters=clusters, cost=cost, notes=tuple(notes))
-
-
-def _config_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() == "true"
-    return bool(value)
+    return Plan(stack=stack, region=settings.region, compute=cfg.compute, node_groups=groups,
+                nat_gateways=nats, eks_clusters=clusters, cost=cost, notes=tuple(notes))
 
 
 def offline_plan(stack: str, run_hours: float, *, config: Mapping[str, Any] | None = None) -> Plan:
-    """Run the program for `stack` under mocks and plan it (no credentials, no Pulumi CLI)."""
-    # Imported here: pulumi's runtime is heavy and only this path needs it.
-    from infra.catalog import load_catalog
-    from infra.offline import REPO_ROOT, run_program
-
-    if config is None and not (REPO_ROOT / f"Pulumi.{stack}.yaml").exists():
-        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO_ROOT.glob("Pulumi.*.yaml"))
-        raise PlanError(f"stack {stack!r} has no Pulumi.{stack}.yaml in {REPO_ROOT}: "
-                        f"committed stacks are {', '.join(known) or '(none)'}")
+    """Plan `stack` from its Pulumi.<stack>.yaml (or `config`, a whole config mapping of Python values)."""
+    if config is None:
+        if not stack_file(stack).exists():
+            raise PlanError(f"stack {stack!r} has no Pulumi.{stack}.yaml in {REPO_ROOT}: "
+                            f"committed stacks are {', '.join(stack_names()) or '(none)'}")
+        config = stack_config(stack)
+    catalog = load_catalog()
     try:
-        result = run_program(stack, config)
-    except Exception as exc:  # the program's own error (ConfigError -> RunError) is the message to show
-        message = str(exc).strip() or type(exc).__name__
-        raise PlanError(f"stack {stack!r}: the Pulumi program failed offline: {message}") from None
-    return plan_from_result(result, load_catalog(), run_hours)
+        settings = settings_from_engine_config(engine_config(config))
+    except ConfigError as exc:  # the message the program itself would stop with
+        raise PlanError(f"stack {stack!r}: {exc}") from None
+    return plan_from_settings(stack, settings, catalog, run_hours)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,8 +271,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "stack": plan.stack,
         "region": plan.region,
         "compute": plan.compute,
-        "resourceCounts": plan.resource_counts,
-        "resourceTotal": sum(plan.resource_counts.values()),
         "nodeGroups": [asdict(g) | {"instance_types": list(g.instance_types)} for g in plan.node_groups],
         "gpusAtFullScale": gpus_at_full_scale(plan),
         "natGateways": plan.nat_gateways,
@@ -346,9 +299,6 @@ def plan_to_table(plan: Plan) -> str:
 
     cost = plan.cost
     out = [f"Stack {plan.stack} ({plan.region}); compute {'on' if plan.compute else 'OFF'}", ""]
-    out.append(tabulate(sorted(plan.resource_counts.items()), headers=["resource type", "count"]))
-    out.append(f"{sum(plan.resource_counts.values())} resources")
-    out.append("")
     if plan.node_groups:
         rows = [[g.name, g.role, ", ".join(g.instance_types), g.gpus_per_node, g.gpu_model or "-",
                  g.efa_interfaces, g.capacity_type, g.min_size, g.desired_size, g.max_size]

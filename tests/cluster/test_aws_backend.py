@@ -24,7 +24,7 @@ from cluster.local.objectstore import LOCAL_CREDENTIALS
 @pytest.fixture(scope="module")
 def dev_exports():
     """What `pulumi stack output` would give for the dev stack: the program's exports under mocks."""
-    from infra.offline import run_program
+    from tests.infra.harness import run_program
 
     return run_program("dev").exports
 

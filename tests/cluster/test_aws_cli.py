@@ -24,7 +24,7 @@ def run(*args, env=None, input=None):
 
 @pytest.fixture(scope="module")
 def outputs_file(tmp_path_factory):
-    from infra.offline import run_program
+    from tests.infra.harness import run_program
 
     path = tmp_path_factory.mktemp("outputs") / "dev.json"
     path.write_text(json.dumps(run_program("dev").exports))

@@ -180,7 +180,7 @@ def test_submit_dry_run_prints_the_object_the_local_executor_runs(tmp_path, caps
     from cluster.aws import cli
     from cluster.local.backend import LocalBackend
     from cluster.mpijob import worker_container
-    from infra.offline import run_program
+    from tests.infra.harness import run_program
 
     exports = run_program("dev").exports
     outputs = tmp_path / "dev.json"

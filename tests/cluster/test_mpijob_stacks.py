@@ -29,7 +29,7 @@ class OutputsOnly:
 def stack(request):
     import yaml
 
-    from infra.offline import run_program
+    from tests.infra.harness import run_program
 
     config = yaml.safe_load((REPO_ROOT / f"Pulumi.{request.param}.yaml").read_text())["config"]
     return request.param, run_program(request.param).exports, config

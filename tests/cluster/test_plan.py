@@ -1,13 +1,19 @@
-"""Offline plan: the committed stacks' resources, node groups and costs, checked against hand arithmetic.
+"""Offline plan: the committed stacks' node groups and costs, checked against hand arithmetic, and the
+plan (a pure function of the config and the catalog) checked against what the Pulumi program declares.
 
-The program runs under Pulumi mocks (no credentials, no CLI). Every expected figure below is written
-out from infra/catalog.yaml's prices; the first test pins those prices so that a catalog change shows
-up here as a deliberate update of the arithmetic, not as a silent drift.
+Every expected figure below is written out from infra/catalog.yaml's prices; the first test pins those
+prices so that a catalog change shows up here as a deliberate update of the arithmetic, not as a silent
+drift. The program runs under Pulumi mocks (tests/infra/harness.py) only in the tests that compare.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import subprocess
+import sys
+from collections import Counter
 
 import pytest
 
@@ -22,7 +28,8 @@ from cluster.aws.plan import (
     plan_to_json,
     plan_to_table,
 )
-from infra.catalog import load_catalog
+from infra.catalog import Catalog, load_catalog
+from infra.stacks import REPO_ROOT, stack_config, stack_names
 
 HOURS = 10
 
@@ -54,9 +61,7 @@ def test_dev_plan_and_cost(dev):
     # Pulumi.dev.yaml: one NAT (natGateways: single), 2 x m7i.large system nodes (desiredSize 2),
     # spot groups a10g-spot [g5.12xlarge, g5.24xlarge] and l4-spot [g6.12xlarge, g6.24xlarge], 0..4 each.
     assert dev.nat_gateways == 1 and dev.eks_clusters == 1
-    assert dev.resource_counts["aws:eks/nodeGroup:NodeGroup"] == 3
-    assert dev.resource_counts["aws:ec2/natGateway:NatGateway"] == 1
-    assert dev.resource_counts["aws:s3/bucket:Bucket"] == 2
+    assert len(dev.node_groups) == 3
     groups = {g.name: g for g in dev.node_groups}
     assert groups["system"] == NodeGroupPlan("system", "system", ("m7i.large",), "ON_DEMAND",
                                              1, 2, 3, 0, None, 0)
@@ -100,15 +105,11 @@ def test_compute_off_leaves_only_the_data_layer_and_network():
     plan = _plan_with(compute=False)
     assert plan.compute is False
     assert plan.node_groups == () and plan.nat_gateways == 0 and plan.eks_clusters == 0
-    assert "aws:eks/cluster:Cluster" not in plan.resource_counts
-    assert plan.resource_counts["aws:s3/bucket:Bucket"] == 2
     assert plan.cost.idle_usd_per_hour == 0 and plan.cost.full_scale_usd_per_hour == 0
     assert plan.notes[0].startswith("ringtrain:compute is false")
 
 
 def _plan_with(**overrides):
-    from infra.offline import stack_config
-
     cfg = stack_config("dev")
     for key, value in overrides.items():
         cfg[f"ringtrain:{key}"] = value
@@ -128,7 +129,6 @@ def test_table_and_json_state_list_prices_and_their_date(dev):
     assert doc["cost"]["fullScaleUsdPerHour"] == pytest.approx(59.6234)
     assert doc["cost"]["runUsd"] == pytest.approx(596.23)
     assert any("2025-11" in s for s in doc["cost"]["priceSources"])
-    assert doc["resourceTotal"] == sum(doc["resourceCounts"].values())
 
 
 def test_unpriced_types_are_named_and_totals_are_lower_bounds():
@@ -147,9 +147,7 @@ def test_unpriced_types_are_named_and_totals_are_lower_bounds():
 def test_bad_stack_and_bad_config_are_one_clear_error():
     with pytest.raises(PlanError, match=r"stack 'nope' has no Pulumi.nope.yaml .*stacks are dev, prod"):
         offline_plan("nope", HOURS)
-    with pytest.raises(PlanError, match=r"ringtrain:network.natGateways: \"many\" is invalid"):
-        from infra.offline import stack_config
-
+    with pytest.raises(PlanError, match=r"stack 'dev': ringtrain:network.natGateways: \"many\" is invalid"):
         cfg = stack_config("dev")
         cfg["ringtrain:network"] = {**cfg["ringtrain:network"], "natGateways": "many"}
         offline_plan("dev", HOURS, config=cfg)
@@ -157,7 +155,107 @@ def test_bad_stack_and_bad_config_are_one_clear_error():
 
 def test_every_committed_stack_has_hand_checked_figures_here():
     """A new Pulumi.<stack>.yaml needs its own hand-computed test above; this fails until it has one."""
-    from infra.offline import REPO_ROOT
+    assert stack_names() == ["dev", "prod"]
 
-    committed = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO_ROOT.glob("Pulumi.*.yaml"))
-    assert committed == ["dev", "prod"]
+
+# ---------------------------------------------------------------------------------------------------
+# The plan against the program: what the Pulumi program declares under mocks, read back from the
+# captured resources, is what the plan derives from the config alone.
+# ---------------------------------------------------------------------------------------------------
+
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+EFA_INTERFACE_TYPES = ("efa", "efa-only")
+NODE_POOL_LABEL = "ringtrain.io/node-pool"
+
+
+def declared_node_groups(resources, catalog: Catalog) -> set[NodeGroupPlan]:
+    """The EKS managed node groups a program run declared, as plan records: the name from the node-pool
+    label, sizes from scalingConfig, EFA interfaces counted in the group's launch template."""
+    efa_by_template = {}
+    for res in resources:
+        if res.type == LAUNCH_TEMPLATE:
+            nics = res.inputs.get("networkInterfaces") or []
+            efa_by_template[res.id] = sum(nic.get("interfaceType") in EFA_INTERFACE_TYPES for nic in nics)
+    groups = set()
+    for res in resources:
+        if res.type != NODE_GROUP:
+            continue
+        inputs, types = res.inputs, tuple(res.inputs["instanceTypes"])
+        scaling = inputs["scalingConfig"]
+        gpus = max(catalog[t].gpus for t in types)
+        groups.add(NodeGroupPlan(
+            name=inputs["labels"][NODE_POOL_LABEL], role="gpu" if gpus else "system", instance_types=types,
+            capacity_type=inputs.get("capacityType") or "ON_DEMAND",
+            min_size=int(scaling["minSize"]), desired_size=int(scaling["desiredSize"]),
+            max_size=int(scaling["maxSize"]), gpus_per_node=gpus, gpu_model=catalog[types[0]].gpu_model,
+            efa_interfaces=efa_by_template[inputs["launchTemplate"]["id"]]))
+    return groups
+
+
+def _variant(stack: str, **changes) -> dict:
+    cfg = copy.deepcopy(stack_config(stack))
+    for key, value in changes.items():
+        cfg[f"ringtrain:{key}"] = value
+    return cfg
+
+
+def _dev_per_az_nat() -> dict:
+    cfg = _variant("dev")
+    cfg["ringtrain:network"] = {**cfg["ringtrain:network"], "natGateways": "perAz"}
+    return cfg
+
+
+def _prod_with_block_and_single_nat() -> dict:
+    cfg = _variant("prod")
+    cfg["ringtrain:network"] = {**cfg["ringtrain:network"], "natGateways": "single"}
+    cfg["ringtrain:nodeGroups"] = [*cfg["ringtrain:nodeGroups"], {
+        "name": "h100-block", "instanceTypes": ["p5.48xlarge"], "capacityType": "CAPACITY_BLOCK",
+        "capacityReservationId": "cr-02168da1478b509e0", "minSize": 0, "maxSize": 2, "desiredSize": 0,
+        "efa": True, "placementGroup": False}]
+    return cfg
+
+
+CONFIGS = {
+    "dev": lambda: stack_config("dev"),
+    "prod": lambda: stack_config("prod"),
+    "dev-compute-off": lambda: _variant("dev", compute=False),
+    "dev-nat-per-az": _dev_per_az_nat,
+    "prod-block-single-nat": _prod_with_block_and_single_nat,
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_plan_is_what_the_program_declares(name):
+    from tests.infra.harness import run_program
+
+    config = CONFIGS[name]()
+    stack = name.split("-")[0]
+    plan = offline_plan(stack, HOURS, config=config)
+    result = run_program(stack, config)
+    counts = Counter(r.type for r in result.resources)
+    assert set(plan.node_groups) == declared_node_groups(result.resources, load_catalog())
+    assert len(plan.node_groups) == counts[NODE_GROUP]
+    assert plan.nat_gateways == counts["aws:ec2/natGateway:NatGateway"]
+    assert plan.eks_clusters == counts["aws:eks/cluster:Cluster"]
+    assert plan.compute == (counts["aws:eks/cluster:Cluster"] == 1)
+    assert plan.region == config["aws:region"]
+
+
+def test_the_variants_differ_where_the_plan_must_follow():
+    """Test premise: the variants above change what the plan reads (NAT count, a Capacity Block group)."""
+    per_az = offline_plan("dev", HOURS, config=_dev_per_az_nat())
+    assert per_az.nat_gateways == 2 > offline_plan("dev", HOURS).nat_gateways
+    block = offline_plan("prod", HOURS, config=_prod_with_block_and_single_nat())
+    assert block.nat_gateways == 1 and "CAPACITY_BLOCK" in {g.capacity_type for g in block.node_groups}
+
+
+def test_the_plan_runs_without_the_pulumi_runtime():
+    """scripts/plan needs no Pulumi: the plan imports neither pulumi nor the program."""
+    code = ("import sys\nfrom cluster.aws.plan import offline_plan, plan_to_table\n"
+            "plan_to_table(offline_plan('prod', 1))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'pulumi_aws', 'tests')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

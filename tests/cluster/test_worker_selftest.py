@@ -137,7 +137,7 @@ def test_every_node_group_self_tests_with_the_catalogs_counts(stack, tmp_path):
     import yaml
 
     from infra.catalog import load_catalog
-    from infra.offline import run_program
+    from tests.infra.harness import run_program
 
     exports = run_program(stack).exports
     config = yaml.safe_load((REPO_ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]

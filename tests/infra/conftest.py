@@ -2,16 +2,10 @@
 
 import copy
 import functools
-import sys
-from pathlib import Path
 
 import pytest
 
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:  # make `tests.infra.harness` importable however pytest is started
-    sys.path.insert(0, _ROOT)
-
-from tests.infra.harness import run_program  # noqa: E402
+from tests.infra.harness import run_program
 
 
 @functools.cache

@@ -22,12 +22,16 @@ import pulumi
 import pytest
 
 from cluster.aws.outputs import parse_outputs
-from cluster.aws.plan import plan_from_result, plan_to_table
-from infra.catalog import load_catalog
+from cluster.aws.plan import offline_plan, plan_to_table
 from infra.config import CapacityBlock, ConfigError, check_capacity_blocks, parse_stack_config, raw_namespace
 from infra.nodegroups import CAPACITY_BLOCK_MARKET_TYPE
-from infra.offline import CAPACITY_BLOCK_INVOKE
-from tests.infra.harness import COMMITTED_STACKS, engine_config, run_program, stack_config
+from tests.infra.harness import (
+    CAPACITY_BLOCK_INVOKE,
+    COMMITTED_STACKS,
+    engine_config,
+    run_program,
+    stack_config,
+)
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -186,13 +190,12 @@ def test_a_block_in_another_zone_stops_the_program_before_anything_is_declared()
 
 
 def test_plan_shows_the_block_and_keeps_it_out_of_the_hourly_totals():
-    result = run_program("prod", config=prod_with_block())
-    plan = plan_from_result(result, load_catalog(), run_hours=24)
+    plan = offline_plan("prod", 24, config=prod_with_block())
     (group,) = [g for g in plan.node_groups if g.name == "h100-block"]
     assert group.capacity_type == "CAPACITY_BLOCK" and group.max_size == 2
     (line,) = [line for line in plan.cost.full_scale if line.item.startswith("h100-block")]
     assert line.usd_per_hour_each is None and "Capacity Block" in line.note
-    without = plan_from_result(run_program("prod"), load_catalog(), run_hours=24)
+    without = offline_plan("prod", 24)
     assert plan.cost.full_scale_usd_per_hour == without.cost.full_scale_usd_per_hour
     table = plan_to_table(plan)
     assert "CAPACITY_BLOCK" in table and "paid up front" in table

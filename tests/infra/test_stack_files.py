@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.offline import COMMITTED_STACKS, stack_config
+from tests.infra.harness import COMMITTED_STACKS, stack_config
 
 
 @pytest.mark.parametrize("stack", COMMITTED_STACKS)
