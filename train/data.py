@@ -1,4 +1,6 @@
-"""Datasets: the synthetic benchmark batch, the project's own sharded dataset, and the sharded sampler.
+"""The demo task's data (the synthetic benchmark batch, the generated npz dataset and its sampler), and
+the `python -m train.data` command: `generate` (that dataset) and `pack` (train.pack: WebDataset shards
+for the image and lm tasks, streamed by train.shards).
 
 Dataset layout (same on S3 and on disk), written by `python -m train.data generate`:
 
@@ -184,21 +186,43 @@ class ShardedSampler:
 def main(argv: list[str] | None = None) -> int:
     import os
 
-    p = argparse.ArgumentParser(prog="python -m train.data", description="The project's own small dataset.")
+    p = argparse.ArgumentParser(prog="python -m train.data", description="Datasets for the trainer's tasks.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    g = sub.add_parser("generate", help="write a sharded dataset to s3://bucket/prefix or a local directory")
+    g = sub.add_parser("generate", help="the demo task's dataset, to s3://bucket/prefix or a local directory")
     g.add_argument("--out", required=True, help="s3://bucket/prefix or /local/dir")
     g.add_argument("--shards", type=int, default=4)
     g.add_argument("--samples-per-shard", type=int, default=1024)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None)
+    k = sub.add_parser("pack", help="images (a class-per-folder tree) or text files -> shards with an index "
+                                    "and checksums, for --task image / --task lm")
+    k.add_argument("kind", choices=("images", "text"))
+    k.add_argument("--src", nargs="+", required=True,
+                   help="images: the folder of class folders; text: files or folders "
+                        "(*.py, *.txt, *.md, *.rst)")
+    k.add_argument("--out", required=True, help="s3://bucket/prefix or /local/dir")
+    k.add_argument("--eval-out", default=None, help="where the evaluation share goes (with --eval-fraction)")
+    k.add_argument("--eval-fraction", type=float, default=0.0)
+    k.add_argument("--samples-per-shard", type=int, default=1000)
+    k.add_argument("--seq-len", type=int, default=256,
+                   help="text: tokens per sample (each holds seq_len + 1)")
+    k.add_argument("--seed", type=int, default=0, help="the shuffle before sharding and the evaluation split")
+    k.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None)
     a = p.parse_args(argv)
     try:
-        index = generate(a.out, a.shards, a.samples_per_shard, a.seed, a.s3_endpoint_url)
+        if a.cmd == "generate":
+            index = generate(a.out, a.shards, a.samples_per_shard, a.seed, a.s3_endpoint_url)
+            print(f"wrote {index['samples']} samples in {len(index['shards'])} shards to {a.out}")
+        else:
+            from train.pack import pack
+
+            written = pack(a.kind, a.src, a.out, a.eval_out, a.eval_fraction, a.samples_per_shard, a.seed,
+                           a.seq_len, a.s3_endpoint_url)
+            for uri, index in zip([a.out, a.eval_out], written, strict=False):
+                print(f"wrote {index['samples']} samples in {len(index['shards'])} shards to {uri}")
     except BadInput as e:
         print(f"train.data: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {index['samples']} samples in {len(index['shards'])} shards to {a.out}")
     return 0
 
 

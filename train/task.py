@@ -8,6 +8,7 @@ spot-safe stops, elastic mode, metrics and progress. The shape follows Lightning
 (a registry of named builders): a class with a few methods, referenced by name.
 
     python -m train --task demo                 # built-in: train/tasks/demo.py (the default)
+    python -m train --task image --data s3://bucket/digits/train --model resnet18
     python -m train --task my_pkg.tasks:MyTask  # an importable module
     python -m train --task ./my_task.py:MyTask  # a file anywhere
 
@@ -57,9 +58,11 @@ if TYPE_CHECKING:  # torch is imported by the tasks, not here: `scripts/run` che
     import torch
     from torch import nn
 
-# Built-in tasks by name: `--task demo` is `--task train.tasks.demo:DemoTask`.
+# Built-in tasks by name: `--task image` is `--task train.tasks.image:ImageTask`.
 BUILTIN_TASKS = {
     "demo": "train.tasks.demo:DemoTask",
+    "image": "train.tasks.image:ImageTask",
+    "lm": "train.tasks.lm:LanguageModelTask",
 }
 DEFAULT_TASK = "demo"
 

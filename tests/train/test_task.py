@@ -98,3 +98,33 @@ def test_a_users_task_from_outside_the_repository_trains_on_two_workers_and_resu
     assert s2["final_loss"] < 0.5 * s1["initial_loss"]  # XOR learnt: the hidden layer trained
     # evaluated over both workers' shares (2 batches of 32 each) and allreduced
     assert s2["eval"]["eval_samples"] == 128 and s2["eval"]["eval_accuracy"] > 0.9
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--task", "image", "--model", "resnet5"], "--model 'resnet5': not a torchvision classification model"),
+    (["--task", "image", "--loader-workers", "-1"], "--loader-workers -1: must be >= 0"),
+    (["--task", "lm", "--dim", "30", "--heads", "4"], "--dim 30: must be a multiple of --heads 4"),
+    (["--task", "lm", "--layers", "0"], "--layers 0: must be >= 1"),
+])
+def test_the_built_in_tasks_check_their_flags(argv, says):
+    with pytest.raises(BadInput) as e:
+        parse_args(argv)
+    assert says in str(e.value)
+
+
+def test_lm_needs_packed_data_and_a_missing_dataset_is_one_message(tmp_path):
+    r = run(train_cmd("--task", "lm"), timeout=120)
+    assert r.returncode == 2 and "--task lm reads pre-tokenized shards: give --data" in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = run(train_cmd("--task", "image", "--data", str(tmp_path / "empty")), timeout=120)
+    assert r.returncode == 2
+    assert "index.json not found (write one with `python -m train.data pack images" in r.stderr
+
+
+@pytest.mark.slow
+def test_image_task_synthetic_mode_is_horovods_synthetic_benchmark():
+    r = run(train_cmd("--task", "image", "--data", "synthetic", "--model", "resnet18", "--image-size", "32",
+                      "--num-classes", "10", "--batch-size", "8", "--steps", "3"), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = parse_summary(r.stdout)
+    assert s["steps"] == 3 and s["samples_per_sec"] > 0 and s["eval"] is None

@@ -1,0 +1,54 @@
+"""Real data to try the built-in tasks on, which nobody here wrote and nothing downloads:
+
+    python -m cluster.example_data digits --out DIR   scikit-learn's 1797 handwritten digits (8x8 grayscale,
+                                                      shipped inside the package) as DIR/<class>/<n>.png
+    python -m cluster.example_data stdlib             the path of this Python's standard library source,
+                                                      a text corpus of several MB for `pack text --src`
+
+Then `python -m train.data pack images|text ...` packs them into shards. This lives beside the cluster
+tooling, not in train/: scikit-learn is needed where the data is prepared, not in the trainer's image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import sysconfig
+from pathlib import Path
+
+
+def write_digits(out: Path) -> int:
+    """sklearn.datasets.load_digits() as 8-bit grayscale PNGs, one folder per class."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for i, (image, label) in enumerate(zip(digits.images, digits.target, strict=True)):
+        folder = out / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = (image * (255 / 16)).round().astype(np.uint8)  # its pixels are 0..16
+        Image.fromarray(pixels).save(folder / f"{i:05d}.png")
+    return len(digits.images)
+
+
+def stdlib_source() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cluster.example_data", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("digits", help="scikit-learn's handwritten digits as a class-per-folder PNG tree")
+    d.add_argument("--out", required=True, help="a local directory")
+    sub.add_parser("stdlib", help="print the standard library's source directory")
+    a = p.parse_args(argv)
+    if a.cmd == "digits":
+        print(f"wrote {write_digits(Path(a.out))} images to {a.out}")
+    else:
+        print(stdlib_source())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The built-in image and lm tasks across 2 workers, from shards in the local S3 store (moto), stopped
+by a spot-style SIGTERM and resumed; a worker's memory does not grow with the number of shards."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from cluster.example_data import stdlib_source
+from cluster.local.objectstore import LOCAL_CREDENTIALS
+from tests.train.proc import (
+    finish,
+    horovodrun_cmd,
+    metrics_steps,
+    run,
+    start,
+    train_workers,
+    wait_for,
+    worker_env,
+)
+from train import shards
+from train.metrics import parse_summary
+
+pytestmark = pytest.mark.slow
+
+STDLIB_PACKAGES = ("json", "email")  # a few hundred kB of the standard library's own source
+
+
+@pytest.fixture(scope="module")
+def store_env(object_store):
+    client = object_store.client()
+    client.create_bucket(Bucket="tasks")
+    return {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": object_store.endpoint_url}
+
+
+@pytest.fixture(scope="module")
+def digits_on_s3(store_env, tmp_path_factory, object_store):
+    folder = tmp_path_factory.mktemp("digits")
+    r = run([sys.executable, "-m", "cluster.example_data", "digits", "--out", str(folder)],
+            env=worker_env(store_env))
+    assert r.returncode == 0, r.stderr
+    r = run([sys.executable, "-m", "train.data", "pack", "images", "--src", str(folder),
+             "--out", "s3://tasks/digits/train", "--eval-out", "s3://tasks/digits/eval",
+             "--eval-fraction", "0.1", "--samples-per-shard", "100"], env=worker_env(store_env))
+    assert r.returncode == 0, r.stderr
+    return "s3://tasks/digits"
+
+
+@pytest.fixture(scope="module")
+def stdlib_on_s3(store_env):
+    stdlib = stdlib_source()
+    r = run([sys.executable, "-m", "train.data", "pack", "text",
+             "--src", *(f"{stdlib}/{p}" for p in STDLIB_PACKAGES),
+             "--out", "s3://tasks/stdlib/train", "--eval-out", "s3://tasks/stdlib/eval",
+             "--eval-fraction", "0.02", "--seq-len", "64", "--samples-per-shard", "400"],
+            env=worker_env(store_env))
+    assert r.returncode == 0, r.stderr
+    return "s3://tasks/stdlib"
+
+
+def _losses(path) -> dict[int, float]:
+    records = map(json.loads, path.read_text().splitlines())
+    return {rec["step"]: rec["loss"] for rec in records if "loss" in rec}
+
+
+def _stop_one_worker_at(proc, metrics, at: int) -> dict:
+    wait_for(lambda: metrics_steps(metrics) and metrics_steps(metrics)[-1] >= at, 240, f"step {at}", proc)
+    workers = wait_for(lambda: len(train_workers(proc)) == 2 and train_workers(proc), 10, "2 workers")
+    workers[1].send_signal(signal.SIGTERM)  # a spot reclaim hits one node
+    out = finish(proc, timeout=240)
+    s = parse_summary(out)
+    assert s["interrupted"] is True, out[-3000:]
+    return s
+
+
+def test_image_task_on_two_workers_resumes_with_the_same_losses_bit_for_bit(digits_on_s3, store_env,
+                                                                            tmp_path):
+    steps = 10
+    common = ("--task", "image", "--data", f"{digits_on_s3}/train", "--eval-data", f"{digits_on_s3}/eval",
+              "--model", "shufflenet_v2_x0_5", "--image-size", "16", "--batch-size", "8",
+              "--loader-workers", "1",
+              "--steps", str(steps), "--lr", "0.02", "--warmup-steps", "4", "--lr-schedule", "cosine",
+              "--weight-decay", "1e-4", "--log-every", "1", "--checkpoint-every", "3", "--seed", "3",
+              "--cpu-affinity", "off")
+    ref_metrics = tmp_path / "ref.jsonl"
+    ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/image-ref",
+                             "--metrics-file", str(ref_metrics)), env=worker_env(store_env), timeout=400)
+    assert ref.returncode == 0, ref.stdout[-4000:]
+    s_ref = parse_summary(ref.stdout)
+    assert s_ref["eval"]["eval_samples"] == 180 and 0 <= s_ref["eval"]["eval_top1"] <= 1
+
+    metrics = tmp_path / "spot.jsonl"
+    proc = start(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/image-spot",
+                                "--metrics-file", str(metrics)),
+                 env=worker_env({**store_env, "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.3"}))
+    s = _stop_one_worker_at(proc, metrics, 4)
+    assert 4 <= s["steps"] < steps
+    resumed = run(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/image-spot",
+                                 "--metrics-file", str(metrics)), env=worker_env(store_env), timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    s2 = parse_summary(resumed.stdout)
+    assert s2["resumed_from_step"] == s["steps"] and s2["steps"] == steps
+    # every step's loss, before the stop and after the resume, is the uninterrupted run's, to the bit
+    assert _losses(metrics) == _losses(ref_metrics)
+    assert s2["eval"] == s_ref["eval"]
+
+
+def test_lm_task_on_two_workers_resumes_and_its_loss_and_perplexity_fall(stdlib_on_s3, store_env, tmp_path):
+    steps = 30
+    common = ("--task", "lm", "--data", f"{stdlib_on_s3}/train", "--eval-data", f"{stdlib_on_s3}/eval",
+              "--layers", "1", "--heads", "2", "--dim", "32", "--batch-size", "16", "--optimizer", "adam",
+              "--lr", "0.002", "--steps", str(steps), "--log-every", "1", "--checkpoint-every", "5",
+              "--eval-every", "15", "--checkpoint-dir", "s3://tasks/ck/lm", "--cpu-affinity", "off")
+    metrics = tmp_path / "m.jsonl"
+    proc = start(horovodrun_cmd(2, *common, "--metrics-file", str(metrics)),
+                 env=worker_env({**store_env, "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"}))
+    s = _stop_one_worker_at(proc, metrics, 8)
+    resumed = run(horovodrun_cmd(2, *common, "--metrics-file", str(metrics)), env=worker_env(store_env),
+                  timeout=400)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    s2 = parse_summary(resumed.stdout)
+    assert s2["resumed_from_step"] == s["steps"] and s2["steps"] == steps and s2["world_size"] == 2
+    losses = _losses(metrics)
+    first, last = (np.mean([losses[k] for k in ks]) for ks in (range(1, 6), range(steps - 4, steps + 1)))
+    assert last < 0.7 * first, losses
+    evals = [rec for rec in map(json.loads, metrics.read_text().splitlines()) if "eval_perplexity" in rec]
+    assert [e["step"] for e in evals] == [15, 30]
+    assert evals[1]["eval_perplexity"] < evals[0]["eval_perplexity"]
+    assert evals[1]["eval_perplexity"] < 256  # better than a uniform guess over the byte vocabulary
+
+
+def _peak_rss_kb(args: list[str], env: dict) -> tuple[int, dict]:
+    """One worker's peak resident memory (ru_maxrss of its own process) and its summary."""
+    code = ("import resource, sys; from train.__main__ import main; rc = main(sys.argv[1:]); "
+            "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True); "
+            "sys.exit(rc)")
+    r = run([sys.executable, "-c", code, "--no-progress", *args], env=worker_env(env), timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    peak = int(next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("PEAK_RSS_KB")))
+    return peak, parse_summary(r.stdout)
+
+
+def test_a_workers_memory_does_not_grow_with_the_number_of_shards(tmp_path):
+    # 10 and 100 shards of ~0.3 MB (300 samples of 8+1 byte tokens each, 1 kB with their tar header
+    # and padding): the 100-shard run reads 30 MB it could not keep in memory without showing it.
+    rng = np.random.default_rng(0)
+    per_shard, seq = 300, 8
+
+    def samples(n_shards):
+        for s in range(n_shards):
+            block = rng.integers(0, 256, (per_shard, seq + 1), dtype=np.uint8)
+            yield [{"__key__": f"{s:04d}{i:04d}", "tokens": block[i].tobytes()} for i in range(per_shard)]
+
+    meta = {"kind": "tokens", "tokenizer": "bytes", "vocab_size": 256, "seq_len": seq}
+    peaks = {}
+    for n in (10, 100):
+        uri = str(tmp_path / f"s{n}")
+        index = shards.write_dataset(uri, samples(n), meta)
+        assert sum(s["bytes"] for s in index["shards"]) > n * 300_000
+        # a whole shard a step, so the 100-shard run streams all of its shards
+        peaks[n], summary = _peak_rss_kb(["--task", "lm", "--data", uri, "--layers", "1", "--heads", "1",
+                                          "--dim", "8", "--batch-size", str(per_shard), "--steps", "100",
+                                          "--readahead-shards", "2"], {})
+        assert summary["steps"] == 100
+    # Streaming holds the shard being read, two read ahead and the one being consumed (~4 x 0.3 MB,
+    # plus their samples unpacked); the margin, 8 MB, is under a third of what holding the 90 extra
+    # shards' 27 MB (as bytes alone, before unpacking) would add.
+    print(peaks)
+    assert peaks[100] - peaks[10] < 8_000, peaks
