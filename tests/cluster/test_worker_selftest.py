@@ -25,11 +25,11 @@ from cluster.mpijob import (
     worker_container,
     worker_selftest_container,
 )
-from tests.image.helpers import DOCKERFILE, load_image_module
+from tests.image.helpers import DOCKERFILE, load_entry_module, load_image_module
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted(p.name.split(".")[1] for p in REPO_ROOT.glob("Pulumi.*.yaml"))
-entrypoint = load_image_module("entrypoint")
+entry_settings = load_entry_module("settings")
 build = load_image_module("build")
 
 STORAGE = Storage(dataset_uri="s3://d/datasets/x", checkpoint_uri="s3://c/checkpoints/x")
@@ -48,9 +48,9 @@ def render(job: JobSpec = JOB, workers: WorkerNodes = P5, **kw):
                          workers=workers, launcher=SYSTEM_NODES, **kw)
 
 
-def expectations(container: dict) -> entrypoint.Settings:
+def expectations(container: dict) -> entry_settings.Settings:
     """What the image's entrypoint reads from the init container's environment."""
-    return entrypoint.parse_settings({e["name"]: e["value"] for e in container.get("env", [])})
+    return entry_settings.parse_settings({e["name"]: e["value"] for e in container.get("env", [])})
 
 
 def test_gpu_workers_self_test_first_with_the_requested_gpus_and_efa():
@@ -58,11 +58,11 @@ def test_gpu_workers_self_test_first_with_the_requested_gpus_and_efa():
     selftest, worker = worker_selftest_container(manifest), worker_container(manifest)
     assert selftest is not None
     assert selftest["image"] == worker["image"] == IMAGE
-    assert entrypoint.parse_invocation(selftest["args"], {}).mode == "selftest"
+    assert entry_settings.parse_invocation(selftest["args"], {}).mode == "selftest"
     assert selftest["resources"] == worker["resources"], "it sees the GPUs and EFA devices the ranks get"
     settings = expectations(selftest)
     assert (settings.expect_gpus, settings.expect_efa) == (8, 32)
-    assert entrypoint.efa_expected(settings), "on EFA groups NCCL must show the EFA provider in use"
+    assert entry_settings.efa_expected(settings), "on EFA groups NCCL must show the EFA provider in use"
     assert {"name": "NCCL_DEBUG", "value": "WARN"} in selftest["env"], "the job's env, as the worker's"
     assert not any(e["name"].startswith("RINGTRAIN_EXPECT") for e in worker.get("env", []))
 
@@ -77,7 +77,7 @@ def test_non_efa_groups_expect_no_efa():
     selftest = worker_selftest_container(render(dataclasses.replace(JOB, slots_per_host=4), workers=G5))
     settings = expectations(selftest)
     assert (settings.expect_gpus, settings.expect_efa) == (4, 0)
-    assert not entrypoint.efa_expected(settings)
+    assert not entry_settings.efa_expected(settings)
 
 
 def test_cpu_workers_have_no_self_test():
@@ -92,7 +92,7 @@ def test_the_launcher_never_self_tests():
     launcher_spec = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
     assert "initContainers" not in launcher_spec
     container = launcher_container(manifest)
-    assert entrypoint.parse_invocation(container["args"], {}).mode == "launcher"
+    assert entry_settings.parse_invocation(container["args"], {}).mode == "launcher"
     assert not any(e["name"].startswith("RINGTRAIN_") for e in container.get("env", []))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import stat
@@ -26,6 +27,15 @@ def load_image_module(name: str) -> ModuleType:
     sys.modules[mod_name] = module  # dataclasses resolve their module while the file executes
     spec.loader.exec_module(module)
     return module
+
+
+def load_entry_module(name: str) -> ModuleType:
+    """A module of image/ringtrain_entry/, the entrypoint's package (imported by its own name, as
+    image/entrypoint.py imports it, so both share one module object). image/ goes at the END of
+    sys.path: its other files (build.py) must not shadow installed packages."""
+    if str(IMAGE_DIR) not in sys.path:
+        sys.path.append(str(IMAGE_DIR))
+    return importlib.import_module(f"ringtrain_entry.{name}")
 
 
 def fake_executable(bin_dir: Path, name: str, body: str) -> Path:

@@ -25,11 +25,12 @@ from tests.image.helpers import (
     dockerfile_env,
     dockerfile_instructions,
     dockerfile_stages,
+    load_entry_module,
     load_image_module,
 )
 
 build = load_image_module("build")
-entrypoint = load_image_module("entrypoint")
+entry_settings = load_entry_module("settings")
 
 SETUP = REPO_ROOT / "scripts" / "setup"
 BUILD_HOROVOD = REPO_ROOT / "scripts" / "build-horovod"
@@ -518,9 +519,8 @@ def _copy_sources() -> list[str]:
 
 def test_every_copy_source_is_in_the_build_context():
     sources = _copy_sources()
-    needed = {"scripts/build-horovod", "train",
-              "image/entrypoint.py", "image/nccl-efa.env", "image/requirements-horovod.txt",
-              "image/requirements-train.txt"}
+    needed = {"scripts/build-horovod", "train", "image/entrypoint.py", "image/ringtrain_entry",
+              "image/nccl-efa.env", "image/requirements-horovod.txt", "image/requirements-train.txt"}
     assert needed <= set(sources)
     assert [s for s in sources if not in_build_context(s)] == []
     assert in_build_context("train/__main__.py")
@@ -537,12 +537,41 @@ def test_every_copy_source_exists():
     assert missing == []
 
 
+def test_what_each_target_copies_to_opt_ringtrain_is_a_working_entrypoint(tmp_path):
+    """The ENTRYPOINT script imports its package from beside it: each target must COPY both there. Here
+    each target's /opt/ringtrain is rebuilt from its COPY lines alone and the script run from it, in a
+    directory where nothing else is importable."""
+    for target in TARGET_STAGES:
+        _, instructions = dockerfile_stages(DOCKERFILE.read_text())[target]
+        root = tmp_path / target
+        for instr, args in instructions:
+            if instr != "COPY" or "--from=" in args:
+                continue
+            source, dest = args.split()
+            if not dest.startswith("/opt/ringtrain/"):
+                continue
+            copy = root / dest.removeprefix("/opt/ringtrain/")
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if (REPO_ROOT / source).is_dir():
+                shutil.copytree(REPO_ROOT / source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copyfile(REPO_ROOT / source, copy)
+        entrypoints = [a for i, a in instructions if i == "ENTRYPOINT"]
+        assert entrypoints == ['["/opt/venv/bin/python", "/opt/ringtrain/entrypoint.py"]'], target
+        script = root / "entrypoint.py"
+        res = subprocess.run([sys.executable, "-E", str(script), "launcher"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60)
+        refusal = ("entrypoint: error: mode 'launcher' needs the command to run, "
+                   "e.g. launcher -- horovodrun ...")
+        assert (res.returncode, res.stderr.strip()) == (2, refusal), target
+
+
 # --------------------------------------------------------------------------------------------------
 # NCCL / EFA environment defaults
 
 
 def env_defaults() -> dict[str, str]:
-    return entrypoint.parse_env_file(ENV_FILE.read_text(), str(ENV_FILE))
+    return entry_settings.parse_env_file(ENV_FILE.read_text(), str(ENV_FILE))
 
 
 def test_dockerfile_sets_exactly_the_documented_env_defaults():

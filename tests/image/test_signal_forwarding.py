@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.image.helpers import IMAGE_DIR, fake_executable, load_image_module
+from tests.image.helpers import IMAGE_DIR, fake_executable, load_entry_module, load_image_module
 
 ep = load_image_module("entrypoint")
+entry_settings = load_entry_module("settings")
+supervisor = load_entry_module("supervisor")
 
 # --------------------------------------------------------------------------------------------------
 # The matcher and /proc, on fakes
@@ -46,8 +48,8 @@ ep = load_image_module("entrypoint")
     ],
 )
 def test_python_module_reads_the_interpreter_options(argv, module):
-    assert ep.python_module(argv) == module
-    assert ep.is_trainer_cmdline(argv) is (module == "train")
+    assert supervisor.python_module(argv) == module
+    assert supervisor.is_trainer_cmdline(argv) is (module == "train")
 
 
 def fake_proc(root: Path, pid: int, ppid: int, argv: list[str], state: str = "S", comm: str = "x") -> None:
@@ -72,40 +74,41 @@ def test_trainer_pids_on_a_fake_proc_tree(tmp_path):
     (proc / "net").mkdir()
     (proc / "self").symlink_to(proc / "1")
 
-    assert ep.trainer_pids(proc) == {31, 32, 40}
-    assert ep.trainer_pids(proc, under=1) == {31, 32}
-    assert ep.trainer_pids(proc, under=30) == {31}
-    assert ep.trainer_pids(proc, under=31) == set()
+    assert supervisor.trainer_pids(proc) == {31, 32, 40}
+    assert supervisor.trainer_pids(proc, under=1) == {31, 32}
+    assert supervisor.trainer_pids(proc, under=30) == {31}
+    assert supervisor.trainer_pids(proc, under=31) == set()
     # The matcher is injectable.
-    assert ep.trainer_pids(proc, matcher=lambda argv: argv[:1] == ("/usr/sbin/sshd",)) == {20}
-    info = ep.read_processes(proc)
-    assert info[31] == ep.ProcInfo(31, 30, "S", ("python", "-m", "train"))
+    assert supervisor.trainer_pids(proc, matcher=lambda argv: argv[:1] == ("/usr/sbin/sshd",)) == {20}
+    info = supervisor.read_processes(proc)
+    assert info[31] == supervisor.ProcInfo(31, 30, "S", ("python", "-m", "train"))
     assert 50 not in info and info[33].argv == ()
 
 
 def test_descends_from_survives_a_cycle():
-    procs = {5: ep.ProcInfo(5, 6, "S", ()), 6: ep.ProcInfo(6, 5, "S", ())}
-    assert not ep.descends_from(5, 1, procs)
+    procs = {5: supervisor.ProcInfo(5, 6, "S", ()), 6: supervisor.ProcInfo(6, 5, "S", ())}
+    assert not supervisor.descends_from(5, 1, procs)
 
 
 def test_exit_codes_read_like_a_shell():
-    assert ep.exit_code(3 << 8) == 3
-    assert ep.exit_code(signal.SIGKILL) == 137
+    assert supervisor.exit_code(3 << 8) == 3
+    assert supervisor.exit_code(signal.SIGKILL) == 137
 
 
 def test_stop_grace_setting():
-    assert ep.parse_stop_grace({}) == ep.DEFAULT_STOP_GRACE_S == 100.0
-    assert ep.parse_stop_grace({"RINGTRAIN_STOP_GRACE_S": "30"}) == 30.0
+    assert entry_settings.parse_stop_grace({}) == entry_settings.DEFAULT_STOP_GRACE_S == 100.0
+    assert entry_settings.parse_stop_grace({"RINGTRAIN_STOP_GRACE_S": "30"}) == 30.0
     for bad in ("soon", "-1", "7200"):
-        with pytest.raises(ep.UsageError, match=f"RINGTRAIN_STOP_GRACE_S='{bad}': use seconds between 0 and"):
-            ep.parse_stop_grace({"RINGTRAIN_STOP_GRACE_S": bad})
+        message = f"RINGTRAIN_STOP_GRACE_S='{bad}': use seconds between 0 and"
+        with pytest.raises(entry_settings.UsageError, match=message):
+            entry_settings.parse_stop_grace({"RINGTRAIN_STOP_GRACE_S": bad})
 
 
 def test_bad_stop_grace_stops_sshd_mode_before_anything_starts(tmp_path, capsys):
     supervised = []
     rc = ep.main(["sshd"], env={"RINGTRAIN_STOP_GRACE_S": "soon", "RINGTRAIN_SSH_DIR": str(tmp_path)},
                  supervise_fn=lambda *a: supervised.append(a) or 0)
-    assert rc == ep.EXIT_USAGE and supervised == []
+    assert rc == entry_settings.EXIT_USAGE and supervised == []
     assert capsys.readouterr().err.strip().splitlines() == [
         "entrypoint: error: RINGTRAIN_STOP_GRACE_S='soon': use seconds between 0 and 3600, below the pod's "
         "terminationGracePeriodSeconds"]
@@ -431,8 +434,8 @@ def test_orphans_are_reparented_to_the_entrypoint_and_reaped(tmp_path, pods):
 def test_the_stand_ins_command_lines_are_what_the_matcher_looks_for():
     """The fake trainer runs as `<this python> -m train` and the bystander as `-c` (else the real tests
     would prove nothing about the matcher)."""
-    assert ep.is_trainer_cmdline([sys.executable, "-m", "train"])
-    assert not ep.is_trainer_cmdline([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert supervisor.is_trainer_cmdline([sys.executable, "-m", "train"])
+    assert not supervisor.is_trainer_cmdline([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
 @pytest.mark.slow
