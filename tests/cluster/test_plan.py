@@ -216,9 +216,8 @@ def _prod_with_block_and_single_nat() -> dict:
     return cfg
 
 
-CONFIGS = {
-    "dev": lambda: stack_config("dev"),
-    "prod": lambda: stack_config("prod"),
+CONFIGS = {  # every committed stack, and variants that change what the plan reads
+    **{stack: (lambda stack=stack: stack_config(stack)) for stack in stack_names()},
     "dev-compute-off": lambda: _variant("dev", compute=False),
     "dev-nat-per-az": _dev_per_az_nat,
     "prod-block-single-nat": _prod_with_block_and_single_nat,

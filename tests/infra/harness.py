@@ -40,12 +40,13 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra.stacks import REPO_ROOT, engine_config, stack_config
+from infra.stacks import REPO_ROOT, engine_config, stack_config, stack_names
 
 PROGRAM = REPO_ROOT / "infra" / "__main__.py"
 PROJECT = "ringtrain"
 ACCOUNT_ID = "123456789012"
-COMMITTED_STACKS = ("dev", "prod")
+# Every committed Pulumi.<stack>.yaml: the rule tests run over each, so a new stack file is covered.
+COMMITTED_STACKS = tuple(stack_names())
 
 
 class HarnessError(Exception):
