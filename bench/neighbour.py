@@ -4,7 +4,7 @@ With a core to spare, a checkpoint's write (serialization, hashing, the upload a
 side of it) runs beside training, not in its way; yet the training step still slows while the write
 runs, because the two cores share what lies under them: the last-level cache, memory bandwidth and,
 on a VM, whatever the host shares. This times the stall section's own model step in one process
-while a neighbour process does a checkpoint's CPU work (train.checkpoint.serialize and sha256 of a
+while a neighbour process does a checkpoint's CPU work (train.checkpoint.save and sha256 of a
 state of the checkpoint's size, over and over, at the lowest priority, as the writer runs), in blocks
 alternating between the neighbour stopped (SIGSTOP) and running, and reports the median of the
 per-pair ratios of the median step. Times the CPU time a checkpoint keeps the spare core busy (the
@@ -17,6 +17,7 @@ stall that comes from sharing the machine, which the trainer cannot remove.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import select
 import signal
@@ -39,13 +40,15 @@ def busy(nbytes: int) -> None:
     """A checkpoint's CPU work without the upload, in a loop until killed."""
     import torch
 
-    from train.checkpoint import serialize
+    from train.checkpoint import save
 
     torch.set_num_threads(1)
     state = {"weights": torch.randn(max(1, nbytes // 4))}
     print("ready", flush=True)
     while True:
-        hashlib.sha256(serialize(state)).digest()
+        buf = io.BytesIO()
+        save(state, buf)
+        hashlib.sha256(buf.getbuffer()).digest()
 
 
 def block_ratios(idle: list[float], loaded: list[float]) -> list[float]:

@@ -36,6 +36,11 @@ class JobSpec:
             raise ValueError(f"slots_per_host={self.slots_per_host}: must be >= 1")
         if self.min_hosts is not None and not 1 <= self.min_hosts <= self.num_hosts:
             raise ValueError(f"min_hosts={self.min_hosts}: must be between 1 and num_hosts={self.num_hosts}")
+        if "--adasum" in self.trainer_args and self.num_procs > 1:
+            # horovod/common/ops: Adasum is implemented on MPI only (the trainer refuses it on Gloo too).
+            raise ValueError(f"--adasum with {self.num_procs} workers: the cluster launch runs Horovod over "
+                             "Gloo (horovodrun --gloo, cluster/launch.py) and Horovod implements Adasum only "
+                             "over MPI; drop --adasum")
 
     @property
     def num_procs(self) -> int:

@@ -1,5 +1,6 @@
 """The checkpoint writer process: rebuilds each checkpoint's state over the shared buffer, serializes,
-checksums and uploads it (CheckpointStore.write), and replies done or the error.
+checksums and uploads it (CheckpointStore.write) on a thread, and replies done, aborted or the error.
+Its main thread keeps reading the trainer's messages meanwhile, so a stop can abort a periodic write.
 
 A separate process, not a thread, so serialization and the upload's client work never hold the
 training process's interpreter lock. It runs at niceness 19 (it takes the CPU training leaves), dies
@@ -19,11 +20,13 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from train.checkpoint import CheckpointStore, serialize
+from train.checkpoint import CheckpointStore, WriteCancelled
 from train.checkpoint_wire import describe_error, rebuild, recv_message, send_message
 from train.storage import open_store
 
@@ -50,33 +53,48 @@ def _reply(sock: socket.socket, message) -> bool:
 
 
 def serve(sock: socket.socket, checkpoints: CheckpointStore) -> None:
-    """Write each checkpoint the trainer sends; return when it closes the socket."""
+    """Write each checkpoint the trainer sends; abort the one being written when it says so; return
+    when it closes the socket. The trainer sends a write only once the previous one has replied."""
     buffer: mmap.mmap | None = None
+    writing, cancelled = None, threading.Event()
     # Wait in poll(POLLIN), not blocked in recv: each reply the trainer reads signals write space on
     # this socket, which would wake a reader blocked in recv (~50 us of the training thread's time
     # per checkpoint on a 2-core VM, where waking an idle vCPU exits to the host).
     readable = select.poll()
     readable.register(sock, select.POLLIN)
-    while True:
-        readable.poll()
-        got = recv_message(sock, max_fds=1)
-        if got is None:
-            return
-        (_kind, step, skeleton), fds = got
-        started, cpu_started = time.perf_counter(), time.process_time()
-        if fds:  # a new, larger buffer
-            if buffer is not None:
-                with contextlib.suppress(BufferError):  # a tensor still over it: left to the GC
-                    buffer.close()
-            buffer = mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
-            os.close(fds[0])
-        try:
-            checkpoints.write(step, serialize(rebuild(skeleton, buffer)))
-            reply = ("done", step, (time.perf_counter() - started, time.process_time() - cpu_started))
-        except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
-            reply = ("error", step, describe_error(e))
-        if not _reply(sock, reply):
-            return
+    with ThreadPoolExecutor(1, thread_name_prefix="ringtrain-checkpoint-write") as pool:
+        while True:
+            readable.poll()
+            got = recv_message(sock, max_fds=1)
+            if got is None:
+                cancelled.set()  # nobody waits for it any more
+                return
+            (kind, step, skeleton), fds = got
+            if kind == "abort":
+                if step == writing:
+                    cancelled.set()
+                continue
+            if fds:  # a new, larger buffer
+                if buffer is not None:
+                    with contextlib.suppress(BufferError):  # a tensor still over it: left to the GC
+                        buffer.close()
+                buffer = mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
+                os.close(fds[0])
+            writing, cancelled = step, threading.Event()
+            pool.submit(_write, sock, checkpoints, step, rebuild(skeleton, buffer), cancelled)
+
+
+def _write(sock: socket.socket, checkpoints: CheckpointStore, step: int, state, cancelled) -> None:
+    started, cpu_started = time.perf_counter(), time.process_time()
+    try:
+        nbytes = checkpoints.write(step, state, cancelled)
+        reply = ("done", step, (time.perf_counter() - started, time.process_time() - cpu_started, nbytes))
+    except WriteCancelled:
+        reply = ("aborted", step, time.perf_counter() - started)
+    except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
+        reply = ("error", step, describe_error(e))
+    del state
+    _reply(sock, reply)
 
 
 def main(argv: list[str] | None = None) -> int:

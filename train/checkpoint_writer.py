@@ -11,7 +11,8 @@ Two modes (`--checkpoint-mode`, named as torchtitan names them), one code path e
   beside the next forward and backward passes, which only read them. `copied()`, before the optimizer
   step, waits for the events and hands over.
 One checkpoint is in flight at a time: `submit` first waits for the previous one (re-raising its error);
-a caller that would rather not wait asks `busy()` first.
+a caller that would rather not wait asks `busy()` first, and one that must write now (a stop) calls
+`abort()`, which stops the write in flight (its multipart upload aborted, no manifest).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -57,6 +59,9 @@ class CheckpointWriter:
         self.written = 0
         self.write_s_max = 0.0  # the longest write (the child's wall time from receiving it to done)
         self.write_cpu_s = 0.0  # the child's CPU time over all writes
+        self.written_bytes = 0
+        self.write_rate: float | None = None  # bytes/s of the last write, to predict the next one's time
+        self.aborted = 0
         self.waits, self.waited_s = 0, 0.0  # submits that waited for the previous write, and how long
         self._ready = False
         self._in_flight: int | None = None
@@ -216,13 +221,36 @@ class CheckpointWriter:
                                         f"while writing checkpoint step {step} to {self.uri}")
         (kind, done_step, detail), _fds = got
         if kind == "done" and done_step == step:
-            wall_s, cpu_s = detail
+            wall_s, cpu_s, nbytes = detail
             self.written += 1
             self.write_s_max = max(self.write_s_max, wall_s)
             self.write_cpu_s += cpu_s
+            self.written_bytes += nbytes
+            self.write_rate = nbytes / max(wall_s, 1e-6)
+            return True
+        if kind == "aborted" and done_step == step:
+            self.aborted += 1
             return True
         raise as_exception(detail) if kind == "error" else CheckpointWriterError(
             f"unexpected reply from the checkpoint writer: {kind} {done_step} (expected step {step})")
+
+    def abort(self) -> None:
+        """Stop the checkpoint in flight, if any, and return once the child has (or the write was
+        done first). Its error, if it failed meanwhile, is only warned about: a stop checkpoint
+        replaces it."""
+        if self._handover is not None:  # pinned copies never handed over: nothing to stop but them
+            for event in self._handover[2]:
+                event.synchronize()
+            self._handover = self._in_flight = None
+            self.aborted += 1
+        if self._in_flight is None:
+            return
+        try:
+            send_message(self._sock, ("abort", self._in_flight, None))
+            self.wait()
+        except Exception as e:  # noqa: BLE001 - see above; a dead child fails the next submit too
+            self._in_flight = None
+            warnings.warn(f"the checkpoint being aborted failed: {e}", stacklevel=2)
 
     def _exit_status(self) -> str:
         with contextlib.suppress(subprocess.TimeoutExpired):

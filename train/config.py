@@ -65,6 +65,7 @@ class HorovodConfig:
     gradient_groups: int | None = None  # None: 1 on CPU workers, 0 (per-gradient) on GPU, elastic, Adasum
     elastic: bool = False
     nccl_algo: str | None = None  # a key of NCCL_ALGOS; None: NCCL chooses (or $NCCL_ALGO decides)
+    commit_every: int = 10  # elastic: steps between commits (each copies the model and optimizer state)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class TrainConfig:
     steps: int = 100
     seed: int = 0
     precision: str = "fp32"
+    tf32: bool = True  # GPU workers: TF32 for fp32 matmuls and convolutions
     cpu_affinity: str = "auto"  # auto: CPU workers pinned to their share of the host's cores; off
     s3_endpoint_url: str | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -168,6 +170,11 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
     p.add_argument("--clip-grad-norm", type=float, default=None)
     p.add_argument("--elastic", action="store_true",
                    help="run under hvd.elastic (horovodrun --min-np/--max-np)")
+    p.add_argument("--commit-every", type=int, default=10,
+                   help="elastic: steps between commits, the state a reset rolls back to (each commit copies "
+                        "the model and optimizer state, on the GPU too); checkpoint steps also commit")
+    p.add_argument("--no-tf32", action="store_true",
+                   help="GPU workers: full fp32 matmuls and convolutions (default: TF32 on tensor cores)")
     p.add_argument("--metrics-file", default=None, help="JSON-lines metrics, written by rank 0")
     p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--log-every", type=int, default=10)
@@ -208,6 +215,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         steps=a.steps,
         seed=a.seed,
         precision=a.precision,
+        tf32=not a.no_tf32,
         cpu_affinity=a.cpu_affinity,
         s3_endpoint_url=a.s3_endpoint_url,
         task=TaskConfig(name=spec, args=task_args),
@@ -218,7 +226,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
                               adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
                               cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
-                              elastic=a.elastic, nccl_algo=a.nccl_algo),
+                              elastic=a.elastic, nccl_algo=a.nccl_algo, commit_every=a.commit_every),
         checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
                                     mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
@@ -274,6 +282,7 @@ def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     need(not (cfg.horovod.adasum and cfg.precision == "fp16"),
          "--adasum with --precision fp16: loss scaling must unscale gradients before the update, which "
          "Horovod's Adasum optimizer applies inside the backward pass; use --precision bf16 or fp32")
+    need(cfg.horovod.commit_every >= 1, f"--commit-every {cfg.horovod.commit_every}: must be >= 1")
     need(cfg.checkpoint.every >= 0, f"--checkpoint-every {cfg.checkpoint.every}: must be >= 0 (0: end only)")
     need(cfg.checkpoint.keep >= 1, f"--keep-checkpoints {cfg.checkpoint.keep}: must be >= 1")
     need(cfg.metrics.log_every >= 1, f"--log-every {cfg.metrics.log_every}: must be >= 1")

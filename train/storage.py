@@ -6,10 +6,13 @@ timeouts, so a dead endpoint or rejected credentials turn into one BadInput mess
 
 from __future__ import annotations
 
+import mmap
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from train.errors import BadInput
 
@@ -18,6 +21,15 @@ from train.errors import BadInput
 S3_MAX_ATTEMPTS = 3
 S3_CONNECT_TIMEOUT_S = 5
 S3_READ_TIMEOUT_S = 60
+# Large objects (checkpoints) go up in parallel multipart parts and come down in parallel ranged GETs
+# through boto3's transfer manager (s3transfer). AWS recommends multipart from ~100 MB and refuses a
+# single PUT over 5 GB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpuoverview.html); parts
+# are 5 MiB to 5 GiB, at most 10,000 of them. 64 MiB parts x 8 in flight keep ~0.5 GiB in memory and
+# cover states up to 625 GiB. RINGTRAIN_S3_PART_MIB sets another part size (5 to 5120).
+S3_PART_BYTES = 64 << 20
+S3_PART_ENV = "RINGTRAIN_S3_PART_MIB"
+S3_CONCURRENCY = 8
+_COPY_CHUNK = 8 << 20
 
 _CREDENTIAL_ERRORS = {
     "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidClientTokenId", "AccessDenied",
@@ -46,6 +58,17 @@ class Store:
 
     def list(self, prefix: str = "") -> list[str]:
         """Every key under `prefix` (recursively), sorted."""
+        raise NotImplementedError
+
+    def upload(self, key: str, source: BinaryIO) -> None:
+        """Store everything `source` yields until EOF under `key`, streaming: a failure (an error
+        `source.read` raises included) leaves no object and nothing half-uploaded behind."""
+        raise NotImplementedError
+
+    def read_mapped(self, key: str) -> mmap.mmap:
+        """The object's bytes as a read-only file-like mmap (no copy of a local file; an S3 object is
+        fetched in parallel ranged GETs). FileNotFoundError when it does not exist; ValueError when it
+        is empty (an mmap cannot be)."""
         raise NotImplementedError
 
     def delete(self, key: str) -> None:
@@ -87,8 +110,28 @@ class LocalStore(Store):
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def upload(self, key: str, source: BinaryIO) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                shutil.copyfileobj(source, f, _COPY_CHUNK)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
     def get(self, key: str) -> bytes:
         return self._path(key).read_bytes()
+
+    def read_mapped(self, key: str) -> mmap.mmap:
+        with open(self._path(key), "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise ValueError(f"{self.uri}/{key} is empty")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def list(self, prefix: str = "") -> list[str]:
         base = self._path(prefix) if prefix else self.root
@@ -129,6 +172,7 @@ class S3Store(Store):
         self.uri = uri
         self.endpoint_url = endpoint_url
         self.bucket, self.prefix = split_s3_uri(uri)
+        self.part_bytes = _part_bytes(os.environ.get(S3_PART_ENV))
         self._client = boto3.client(
             "s3",
             endpoint_url=endpoint_url or None,
@@ -182,14 +226,48 @@ class S3Store(Store):
     def put(self, key: str, data: bytes) -> None:
         self._call(self._client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
 
+    def _transfers(self):
+        from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+        config = TransferConfig(multipart_threshold=self.part_bytes, multipart_chunksize=self.part_bytes,
+                                max_concurrency=S3_CONCURRENCY)
+        return create_transfer_manager(self._client, config)
+
+    def upload(self, key: str, source: BinaryIO) -> None:
+        # s3transfer reads a non-seekable source a part at a time, uploads the parts in parallel and,
+        # when anything fails, aborts the multipart upload (its CreateMultipartUploadTask registers
+        # abort_multipart_upload as the transfer's failure cleanup, run before result() returns).
+        with self._transfers() as transfers:
+            future = transfers.upload(source, self.bucket, self._key(key))
+            try:
+                future.result()
+            except BaseException:
+                future.cancel()  # (done already where the transfer failed; not where we were interrupted)
+                raise
+
     def get(self, key: str) -> bytes:
+        return self._call_missing(key, lambda: self._client.get_object(Bucket=self.bucket,
+                                                                          Key=self._key(key))["Body"].read())
+
+    def read_mapped(self, key: str) -> mmap.mmap:
+        size = self._call_missing(key, lambda: self._client.head_object(Bucket=self.bucket,
+                                                                           Key=self._key(key))["ContentLength"])
+        if not size:
+            raise ValueError(f"{self.uri}/{key} is empty")
+        out = mmap.mmap(-1, size)
+        with self._transfers() as transfers:  # ranged GETs, written at their offsets
+            self._call_missing(key, transfers.download(self.bucket, self._key(key), out).result)
+        out.seek(0)
+        return out
+
+    def _call_missing(self, key: str, fn):
+        """fn(), with a missing object as FileNotFoundError and other errors translated."""
         from botocore.exceptions import ClientError
 
         try:
-            obj = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return obj["Body"].read()
+            return fn()
         except ClientError as e:
-            if str(e.response.get("Error", {}).get("Code")) in {"NoSuchKey", "404"}:
+            if str(e.response.get("Error", {}).get("Code")) in {"NoSuchKey", "404", "NotFound"}:
                 raise FileNotFoundError(f"{self.uri}/{key}") from None
             raise self._translate(e) from None
         except Exception as e:  # noqa: BLE001
@@ -235,6 +313,14 @@ class S3Store(Store):
             raise self._translate(e) from None
         except Exception as e:  # noqa: BLE001
             raise self._translate(e) from None
+
+
+def _part_bytes(mib: str | None) -> int:
+    if mib is None:
+        return S3_PART_BYTES
+    if not mib.isdigit() or not 5 <= int(mib) <= 5120:
+        raise BadInput(f"{S3_PART_ENV}={mib!r}: S3 multipart parts are 5 to 5120 MiB")
+    return int(mib) << 20
 
 
 def open_store(uri: str, endpoint_url: str | None = None) -> Store:

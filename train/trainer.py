@@ -24,8 +24,10 @@ from train.config import NCCL_ALGOS, TrainConfig
 from train.contract import EXIT_INTERRUPTED_RESUMABLE
 from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
+from train.gpu import configure_gpu_worker, memory_format
 from train.metrics import MetricsLog, check_tensorboard_available, summary_line
-from train.stop import STOP, StopRequest
+from train.resume import broadcast_state
+from train.stop import STOP, StopRequest, stop_budget_s
 from train.storage import open_store
 from train.task import TaskContext, load_task
 
@@ -105,6 +107,13 @@ def gradient_groups(cfg: TrainConfig, on_gpu: bool) -> int:
     return CPU_GRADIENT_GROUPS
 
 
+def predivide_factor(cfg: TrainConfig, size: int) -> float:
+    """With fp16 compression the gradients are summed in fp16: divided by the worker count before the
+    sum (Horovod's gradient_predivide_factor), the sum of N loss-scaled gradients cannot overflow
+    where one does not. Only for averaging (Horovod refuses it with Adasum)."""
+    return float(size) if cfg.horovod.compression == "fp16" and not cfg.horovod.adasum else 1.0
+
+
 def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
@@ -119,6 +128,7 @@ class Trainer:
         self.node_cpus = tuple(sorted(os.sched_getaffinity(0)))  # the cores all workers here share
         if self.on_gpu:
             torch.cuda.set_device(hvd.local_rank())
+            configure_gpu_worker(cfg.tf32, hvd.local_size())
         else:
             if cfg.cpu_affinity == "auto":
                 self.cpus = pin_worker(hvd.local_rank(), hvd.local_size())
@@ -151,6 +161,9 @@ class Trainer:
         self.checkpoint_wait_s = 0.0
         self.checkpoint_write_max_s = 0.0
         self.checkpoint_write_cpu_s = 0.0
+        self.checkpoints_aborted = 0
+        self.stop_budget_s = stop_budget_s()
+        self._slow_write_warned = False
         # Periodic checkpoints due while the previous one was still being written, taken at the first
         # step after it (rank 0; see save_checkpoint), and the most steps one of them was late.
         self.checkpoints_deferred = 0
@@ -160,7 +173,10 @@ class Trainer:
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
         """The task's data, checkpoint store, metrics outputs. Raises BadInput. Returns the checkpoint to
-        resume (looked up on rank 0 only in static mode; on every rank in elastic mode)."""
+        resume (looked up on rank 0 only in static mode; on every rank in elastic mode, where state.sync()
+        would broadcast rank 0's, but Horovod's broadcast_optimizer_state first gives an empty
+        optimizer a state for every parameter, the stats parameter too, which rank 0's loaded one
+        lacks)."""
         cfg = self.cfg
         if cfg.metrics.tensorboard_dir:
             check_tensorboard_available()
@@ -216,6 +232,7 @@ class Trainer:
                 self.checkpoint_wait_s += writer.waited_s
                 self.checkpoint_write_max_s = max(self.checkpoint_write_max_s, writer.write_s_max)
                 self.checkpoint_write_cpu_s += writer.write_cpu_s
+                self.checkpoints_aborted += writer.aborted
 
     # ---- model ------------------------------------------------------------------------------
     def build(self) -> None:
@@ -223,6 +240,8 @@ class Trainer:
         hvd = self.hvd
         torch.manual_seed(cfg.seed)  # same initial weights everywhere; rank 0's are broadcast anyway
         self.model = self.task.build_model().to(self.device)
+        self.memory_format = memory_format(self.model, self.on_gpu)
+        self.model = self.model.to(memory_format=self.memory_format)
         named = list(self.model.named_parameters())
         groups = [{"params": [p for _, p in named]}]
         # The step's stop vote and loss ride in the gradient allreduce: a two-element "parameter",
@@ -260,6 +279,7 @@ class Trainer:
             compression=compression,
             backward_passes_per_step=cfg.horovod.backward_passes_per_step,
             op=hvd.Adasum if cfg.horovod.adasum else hvd.Average,
+            gradient_predivide_factor=predivide_factor(cfg, hvd.size()),
             groups=self.gradient_groups or None,
         )
         # Horovod's per-parameter hook (pinned horovod 0.28.1, private API): counts the stats ready
@@ -282,7 +302,8 @@ class Trainer:
         self.last_loss: float | None = None
 
     def apply_checkpoint(self, state: dict, progress) -> None:
-        """Load a checkpoint (read by rank 0 and broadcast, or read locally in elastic mode)."""
+        """Load a checkpoint (read by rank 0 and broadcast tensor by tensor, or read locally in elastic
+        mode)."""
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -322,7 +343,7 @@ class Trainer:
             raise BadInput(f"task {self.cfg.task.name}: its training data ended at step {progress.step} "
                            f"of {self.cfg.steps} (train_batches must not end before --steps)") from None
         self._batches_at = (progress.data, rank, size)
-        return _to_device(batch, self.device)
+        return _to_device(batch, self.device, self.memory_format)
 
     def carry_stats(self, stop_share: float, loss: torch.Tensor) -> None:
         """Add [stop_share, loss] to the stats' "gradient" and count it ready for this backward pass
@@ -408,7 +429,8 @@ class Trainer:
         try:
             with torch.no_grad(), self.autocast():
                 for batch in batches:
-                    for key, value in self.task.eval_sums(self.model, _to_device(batch, self.device)).items():
+                    batch = _to_device(batch, self.device, self.memory_format)
+                    for key, value in self.task.eval_sums(self.model, batch).items():
                         sums[key] = sums.get(key, 0.0) + float(value)
         finally:
             self.model.train(was_training)
@@ -434,7 +456,9 @@ class Trainer:
         bare loop, and 1.004x with each run's waits taken out of its window (bench/, headline, 24
         repeats). The final and safety checkpoints wait."""
         if self.hvd.rank() == 0:
-            if defer_while_busy and self.writer.busy():
+            busy = self.writer.busy()
+            self._warn_if_writes_outlast_a_stop()
+            if defer_while_busy and busy:
                 self._defer(progress.step)
                 return
             if self._deferred_since is not None:
@@ -458,6 +482,35 @@ class Trainer:
             "loss": loss,
         }
 
+    def state_bytes(self) -> int:
+        tensors = {id(t): t for t in self.model.state_dict().values()}
+        for entry in self.optimizer.state.values():
+            tensors.update((id(t), t) for t in entry.values() if isinstance(t, torch.Tensor))
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def report_stop_budget(self, stopped_at: float) -> None:
+        """Say how long the stop's checkpoint should take (at the last write's rate) against what is left
+        of the stop budget (RINGTRAIN_STOP_GRACE_S), so a stop that cannot make it is visible."""
+        left = self.stop_budget_s - (time.monotonic() - stopped_at)
+        nbytes, rate = self.state_bytes(), self._writer.write_rate
+        expected = f"{nbytes / rate:.1f} s at the last write's {rate / 1e6:.0f} MB/s" if rate else "unknown"
+        line = (f"ringtrain: stop checkpoint of {nbytes / 1e6:.0f} MB: expected write {expected}; "
+                f"{left:.0f} s of the {self.stop_budget_s:.0f} s stop budget left")
+        if rate and nbytes / rate > left:
+            line += " -- it may not finish before the node goes"
+        print(line, file=sys.stderr, flush=True)
+
+    def _warn_if_writes_outlast_a_stop(self) -> None:
+        """Once: a measured write longer than the stop budget means a spot stop's checkpoint is lost."""
+        writer = self._writer
+        if self._slow_write_warned or writer is None or writer.write_s_max <= self.stop_budget_s:
+            return
+        self._slow_write_warned = True
+        warnings.warn(f"a checkpoint write took {writer.write_s_max:.0f} s, longer than the "
+                      f"{self.stop_budget_s:.0f} s a spot stop allows ({self.state_bytes() / 1e9:.1f} GB "
+                      f"state): a stop's checkpoint would not finish in time", ckpt.CheckpointWarning,
+                      stacklevel=3)
+
     def _defer(self, step: int) -> None:
         """Count a periodic checkpoint deferred at `step` (once, however many steps it waits); warn
         the first time."""
@@ -479,7 +532,7 @@ class Trainer:
         samples_per_step = cfg.data.batch_size * cfg.horovod.backward_passes_per_step
         t_start = t_window = time.perf_counter()
         window_samples = 0
-        interrupted = False
+        interrupted, stopped_at = False, 0.0
         while progress.step < cfg.steps:
             stopping = self.train_step(progress)
             stop = stopping > 0
@@ -503,8 +556,8 @@ class Trainer:
                 self.loss_sum = 0.0
                 self.loss_count = 0
                 t_window, window_samples = now, 0
-                if commit is not None:
-                    commit()
+            if commit is not None and progress.step % cfg.horovod.commit_every == 0:
+                commit()
             if stop and cfg.horovod.elastic and stopping < 1 - 1e-6:
                 # Some workers were reclaimed, not the whole job: after a safety checkpoint they leave
                 # and the rest carry on (their next collective fails, they roll back to this commit).
@@ -520,6 +573,7 @@ class Trainer:
                 continue
             if stop:
                 interrupted = True
+                stopped_at = self.stop.at if self.stop.at is not None else time.monotonic()
                 break
             if cfg.metrics.eval_every and progress.step % cfg.metrics.eval_every == 0 and not last:
                 self.last_eval = self.evaluate(progress.step)
@@ -538,6 +592,9 @@ class Trainer:
         if final_loss is None:  # nothing left to do: the checkpoint we resumed from already reached --steps
             final_loss = initial_loss = self.saved_loss
         if self.checkpoints is not None and progress.last_checkpoint_step != progress.step:
+            if interrupted and self._writer is not None:
+                self._writer.abort()  # a periodic write in flight must not delay the stop's
+                self.report_stop_budget(stopped_at)
             self.save_checkpoint(progress, final_loss)
         if not interrupted:  # a spot stop has seconds to spare, not an evaluation's worth
             self.last_eval = self.evaluate(progress.step)
@@ -552,6 +609,8 @@ class Trainer:
             "checkpoints_written": self.checkpoints_written,
             "checkpoint_wait_s": round(self.checkpoint_wait_s, 6),
             "checkpoints_deferred": self.checkpoints_deferred,
+            # periodic writes aborted so that a stop's checkpoint starts at once
+            "checkpoints_aborted": self.checkpoints_aborted,
             "checkpoint_deferred_steps_max": self.checkpoint_deferred_steps_max,
             # the longest checkpoint write (copy handed over -> uploaded), to set against the interval
             "checkpoint_write_max_s": round(self.checkpoint_write_max_s, 6),
@@ -575,13 +634,18 @@ class Trainer:
         return RunResult(EXIT_INTERRUPTED_RESUMABLE if interrupted else 0, summary)
 
 
-def _to_device(batch, device: torch.device):
+def _to_device(batch, device: torch.device, fmt: torch.memory_format = torch.contiguous_format):
+    """On a GPU from pinned memory, without blocking the host; images in `fmt` (channels_last for
+    convolutional models, train.gpu)."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        if device.type != "cuda" or batch.is_cuda:
+            return batch.to(device, non_blocking=True)
+        fmt = fmt if batch.dim() == 4 else torch.contiguous_format
+        return batch.pin_memory().to(device, non_blocking=True, memory_format=fmt)
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(b, device) for b in batch)
+        return type(batch)(_to_device(b, device, fmt) for b in batch)
     if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
+        return {k: _to_device(v, device, fmt) for k, v in batch.items()}
     return batch
 
 
@@ -606,8 +670,8 @@ def check_horovod_runtime(cfg: TrainConfig, hvd) -> None:
     """Checks that need hvd.init(). Every rank sees the same size and controller, so all raise alike."""
     if cfg.horovod.adasum and hvd.size() > 1 and not hvd.mpi_enabled():
         raise BadInput("--adasum with 2 or more workers needs Horovod's MPI controller (Horovod implements "
-                       "Adasum only over MPI: the MPIJob's mpirun, or horovodrun --mpi); this job runs on "
-                       "Gloo. Drop --adasum, or launch with MPI")
+                       "Adasum only over MPI: horovodrun --mpi; the cluster launch always uses Gloo); this "
+                       "job runs on Gloo. Drop --adasum, or launch with horovodrun --mpi")
 
 
 def run(cfg: TrainConfig) -> int:
@@ -631,13 +695,15 @@ def run(cfg: TrainConfig) -> int:
     agree_on_inputs(hvd, error)
     trainer.build()
     progress = Progress()
-    state = hvd.broadcast_object(found.state if found else None, root_rank=0, name="ringtrain.resume")
+    state = broadcast_state(hvd, found.state if found else None)
+    found = None  # rank 0's copy goes once load_state_dict has copied it
     if state is not None:
         error = None
         try:
             trainer.apply_checkpoint(state, progress)
         except BadInput as e:
             error = str(e)
+        del state
         agree_on_inputs(hvd, error)
     else:
         hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)

@@ -379,3 +379,12 @@ def test_the_etc_mpi_mount_point_goes_with_its_creator_once_no_launcher_uses_it(
     namespaces[:] = ["ringtrain-7-host-0"]
     mine.release()
     assert not path.exists()
+
+
+def test_adasum_is_refused_for_a_multi_worker_cluster_launch():
+    """The launcher is always `horovodrun --gloo`, and Horovod has Adasum only over MPI."""
+    from cluster.job import JobSpec
+
+    with pytest.raises(ValueError, match="--adasum with 2 workers: the cluster launch runs Horovod"):
+        JobSpec(name="j", num_hosts=2, trainer_args=("--adasum",))
+    JobSpec(name="j", num_hosts=1, trainer_args=("--adasum",))  # one worker: Horovod's plain optimizer

@@ -3,6 +3,7 @@ and deaths reported to the trainer, and a child that never outlives it."""
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import signal
@@ -36,6 +37,12 @@ def _state(step: int, width: int = 8) -> dict:
     return {"step": step, "model": model, "optimizer": {"state": {0: {"step": torch.tensor(float(step))}},
                                                       "param_groups": [{"lr": 0.1, "params": [0]}]},
             "sampler": {"epoch": 1, "offset": 64}, "loss": None, "pair": (3, "x")}
+
+
+def _saved(state: dict) -> bytes:
+    buf = io.BytesIO()
+    ckpt.save(state, buf)
+    return buf.getvalue()
 
 
 def _assert_same(a, b) -> None:
@@ -75,7 +82,7 @@ def test_writes_what_torch_save_writes_of_the_state_at_submit(tmp_path):
     writer = CheckpointWriter(str(tmp_path), None, keep=2)
     try:
         live = _state(1)
-        expected = ckpt.serialize(_state(1))
+        expected = _saved(_state(1))
         writer.submit(1, live)
         writer.copied()
         live["model"]["w"].add_(100)  # training changes the state in place as soon as copied() returns
@@ -325,3 +332,27 @@ def test_pinned_copies_run_beside_the_next_kernels_and_keep_the_state_at_submit(
     found = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1).latest_valid()
     assert torch.equal(found.state["stats"], torch.zeros(4))
     assert torch.equal(found.state["param"], torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_abort_stops_the_write_in_flight_at_once_and_the_next_one_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(ckpt.FAULT_DELAY_ENV, "3")  # each write waits 3 s before its manifest
+    writer = CheckpointWriter(str(tmp_path), None, keep=3)
+    try:
+        writer.submit(1, _state(1))
+        for _ in range(300):  # uploaded, waiting before the manifest
+            if (tmp_path / "step-000000001" / "state.pt").exists():
+                break
+            time.sleep(0.05)
+        started = time.perf_counter()
+        writer.abort()
+        took = time.perf_counter() - started
+        writer.abort()  # nothing in flight: nothing to do
+        writer.submit(2, _state(2))
+        writer.wait()
+    finally:
+        writer.close()
+    assert took < 1.5, f"abort took {took:.1f} s: it waited for the write"
+    assert writer.aborted == 1 and writer.written == 1
+    assert not (tmp_path / "step-000000001").exists()
+    assert ckpt.CheckpointStore(open_store(str(tmp_path)), keep=3).valid_steps() == [2]
+    assert writer.write_rate > 0 and writer.written_bytes > 0

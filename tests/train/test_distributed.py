@@ -24,6 +24,7 @@ from tests.train.proc import (
     metrics_steps,
     run,
     start,
+    train_cmd,
     train_workers,
     wait_for,
     worker_env,
@@ -279,3 +280,27 @@ def test_adasum_on_gloo_with_two_workers_is_one_clear_error():
     assert "]<stderr>:Traceback" not in r.stderr
     codes = _worker_exit_codes(r.stdout)
     assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "143"}, r.stdout
+
+
+@pytest.mark.slow
+def test_a_state_over_2_gib_resumes_on_two_workers_bitwise(tmp_path):
+    """An MLP of width 14000 with Adam: 196 M parameters, a 2.35 GB state. hvd.broadcast_object sends
+    a pickle's size as an int32, so this state could be written but not resumed; broadcast_state sends
+    its tensors one by one. Every rank ends with exactly the checkpoint's tensors."""
+    from tests.train.resume_probe import PROBE_PREFIX as RESUME_PREFIX
+    from tests.train.resume_probe import state_digest
+
+    ck = tmp_path / "ck"
+    args = ("--width", "14000", "--optimizer", "adam", "--lr", "0.001", "--checkpoint-dir", str(ck))
+    first = run(train_cmd(*args, "--steps", "1"), timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (ck / "step-000000001" / "state.pt").stat().st_size > 2 << 30
+    r = run(horovodrun_cmd(2, *args, "--steps", "2", module="tests.train.resume_probe"), timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:]
+    ranks = json.loads(next(line for line in r.stdout.splitlines()
+                            if RESUME_PREFIX in line).split(RESUME_PREFIX, 1)[1])
+    assert [x["step"] for x in ranks] == [1, 1]
+    state = ckpt.CheckpointStore(open_store(str(ck)), keep=1).latest_valid().state
+    expected = state_digest(state["model"], state["optimizer"]["state"])
+    del state
+    assert [x["digest"] for x in ranks] == [expected, expected]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -155,3 +157,58 @@ def test_a_checkpoint_due_during_a_slow_write_is_deferred_and_training_does_not_
     assert len(steps) == s["checkpoints_written"]
     # a write apart, the final one aside
     assert all(b - a >= 40 for a, b in itertools.pairwise(steps[:-1])), steps
+
+
+def test_a_stop_during_a_periodic_upload_aborts_it_and_writes_the_stop_checkpoint(object_store, s3_bucket,
+                                                                                  monkeypatch):
+    """The periodic checkpoint's multipart upload is under way (5 MiB parts, each read held back half
+    a second) when SIGTERM comes: it is aborted (no manifest, no parts left), and the stop's
+    checkpoint is written at once, not after it."""
+    for k, v in LOCAL_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    uri = f"s3://{s3_bucket}/ck"
+    env = worker_env({**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": object_store.endpoint_url,
+                      "RINGTRAIN_S3_PART_MIB": "5", ckpt.FAULT_READ_DELAY_ENV: "0.5",
+                      "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.05"})
+    client = object_store.client()
+    proc = start(train_cmd("--width", "2048", "--steps", "400", "--checkpoint-dir", uri,
+                           "--checkpoint-every", "5"), env=env)
+    try:
+        wait_for(lambda: client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads"), 120,
+                 "a periodic checkpoint's multipart upload", proc)
+        proc.send_signal(signal.SIGTERM)
+        out = finish(proc, timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, out[-3000:]
+    s = parse_summary(out)
+    assert s["checkpoints_aborted"] == 1 and s["interrupted"], s
+    assert "stop checkpoint of" in out and "of the 100 s stop budget left" in out
+    checkpoints = ckpt.CheckpointStore(open_store(uri, object_store.endpoint_url), keep=3)
+    assert checkpoints.valid_steps() == [s["steps"]]  # the aborted one: no manifest
+    assert checkpoints.latest_valid().step == s["steps"]
+    assert "Uploads" not in client.list_multipart_uploads(Bucket=s3_bucket)  # and no parts left
+    assert all(k.startswith(f"ck/step-{s['steps']:09d}/") for k in
+               (o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket).get("Contents", [])))
+
+
+def test_elastic_commits_come_every_commit_every_steps_not_every_log_step():
+    """A commit copies the whole model and optimizer state (on the GPU too): it has its own interval."""
+    script = textwrap.dedent("""
+        import horovod.torch as hvd
+        from train.config import parse_args
+        from train.stop import StopRequest
+        from train.trainer import Progress, Trainer
+        hvd.init()
+        trainer = Trainer(parse_args(["--steps", "20", "--commit-every", "5", "--log-every", "2",
+                                      "--no-progress"]), hvd, StopRequest())
+        trainer.prepare_inputs()
+        trainer.build()
+        progress, commits = Progress(), []
+        trainer.loop(progress, commit=lambda: commits.append(progress.step))
+        print("COMMITS", commits)
+    """)
+    r = run([sys.executable, "-c", script], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "COMMITS [5, 10, 15, 20]" in r.stdout, r.stdout[-2000:]

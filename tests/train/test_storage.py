@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import threading
 import warnings
 
 import numpy as np
@@ -76,6 +78,12 @@ def _state(step: int) -> dict:
     return {"step": step, "w": torch.full((3,), float(step))}
 
 
+def _saved(state: dict) -> bytes:
+    buf = io.BytesIO()
+    ckpt.save(state, buf)
+    return buf.getvalue()
+
+
 @pytest.fixture(params=["local", "s3"])
 def checkpoints(request, tmp_path):
     if request.param == "local":
@@ -88,7 +96,7 @@ def checkpoints(request, tmp_path):
 def test_newest_valid_checkpoint_wins_and_only_the_last_n_are_kept(checkpoints):
     assert checkpoints.latest_valid() is None
     for step in (10, 20, 30):
-        checkpoints.write(step, ckpt.serialize(_state(step)))
+        checkpoints.write(step, _state(step))
     assert checkpoints.valid_steps() == [20, 30]
     assert not any(k.startswith("step-000000010/") for k in checkpoints.store.list())
     found = checkpoints.latest_valid()
@@ -96,37 +104,38 @@ def test_newest_valid_checkpoint_wins_and_only_the_last_n_are_kept(checkpoints):
 
 
 def test_a_checkpoint_costs_two_puts_and_at_most_one_batch_delete(checkpoints, monkeypatch):
-    """The writer lists once; after that each checkpoint is its two objects and, once `keep` are
-    there, one delete_many of the oldest (every request is client CPU on the training node)."""
+    """The writer lists once; after that each checkpoint is its two objects (the state streamed, the
+    manifest put) and, once `keep` are there, one delete_many of the oldest (every request is client
+    CPU on the training node)."""
     checkpoints.store.put("step-000000005/state.pt", b"a leftover from a killed run")
     calls = []
-    for name in ("put", "list", "delete", "delete_many"):
+    for name in ("put", "upload", "list", "delete", "delete_many"):
         real = getattr(checkpoints.store, name)
         monkeypatch.setattr(checkpoints.store, name,
                             lambda *a, _name=name, _real=real: (calls.append((_name, a[0] if a else "")),
                                                                 _real(*a))[1])
-    checkpoints.write(10, ckpt.serialize(_state(10)))
-    assert [c[0] for c in calls] == ["list", "put", "put"]
+    checkpoints.write(10, _state(10))
+    assert [c[0] for c in calls] == ["list", "upload", "put"]
     calls.clear()
     for step in (20, 30):
-        checkpoints.write(step, ckpt.serialize(_state(step)))
+        checkpoints.write(step, _state(step))
     names = [c[0] for c in calls]
-    assert names[:5] == ["put", "put", "put", "put", "delete_many"]
+    assert names[:5] == ["upload", "put", "upload", "put", "delete_many"]
     assert set(names[5:]) <= {"delete"}  # a local directory's delete_many deletes file by file
     assert checkpoints.valid_steps() == [20, 30]
     # The leftover (older than every kept checkpoint) went with checkpoint 10, manifests first.
     assert not any(k.startswith(("step-000000005/", "step-000000010/")) for k in checkpoints.store.list())
     calls.clear()
-    checkpoints.write(30, ckpt.serialize(_state(30)))  # the same step again (a resumed run's redo)
-    assert [c[0] for c in calls][:2] == ["delete", "put"]  # its old manifest goes first
+    checkpoints.write(30, _saved(_state(30)))  # the same step again (a resumed run's redo)
+    assert [c[0] for c in calls][:2] == ["delete", "upload"]  # its old manifest goes first
     assert checkpoints.latest_valid().step == 30
 
 
 def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints):
-    checkpoints.write(10, ckpt.serialize(_state(10)))
-    checkpoints.write(20, ckpt.serialize(_state(20)))
+    checkpoints.write(10, _state(10))
+    checkpoints.write(20, _state(20))
     # A write killed before its manifest: objects only.
-    checkpoints.store.put("step-000000030/state.pt", ckpt.serialize(_state(30)))
+    checkpoints.store.put("step-000000030/state.pt", _saved(_state(30)))
     # A corrupt newest-but-one: bytes changed after the manifest was written.
     checkpoints.store.put("step-000000020/state.pt", b"flipped bits")
     with warnings.catch_warnings(record=True) as caught:
@@ -141,9 +150,10 @@ def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints)
 def test_manifest_is_written_last(tmp_path, monkeypatch):
     store = open_store(str(tmp_path))
     order = []
-    real_put = store.put
+    real_put, real_upload = store.put, store.upload
     monkeypatch.setattr(store, "put", lambda key, data: (order.append(key), real_put(key, data)))
-    ckpt.CheckpointStore(store, keep=1).write(5, ckpt.serialize(_state(5)))
+    monkeypatch.setattr(store, "upload", lambda key, src: (order.append(key), real_upload(key, src)))
+    ckpt.CheckpointStore(store, keep=1).write(5, _state(5))
     assert order == ["step-000000005/state.pt", "step-000000005/manifest.json"]
     manifest = json.loads((tmp_path / "step-000000005" / "manifest.json").read_text())
     assert manifest["step"] == 5 and len(manifest["objects"]["state.pt"]["sha256"]) == 64
@@ -178,15 +188,112 @@ def test_uploads_make_no_extra_pass_over_the_bytes(s3_env, s3_bucket):
 def test_serialization_skips_the_zip_crc_pass_and_leaves_torch_config_alone():
     """The manifest's sha256 checks the whole state.pt, so torch.save's per-record CRC32 is one pass
     over the bytes too many; the setting is only changed for our own save."""
-    import io
     import zipfile
 
     import torch.utils.serialization as torch_serialization
 
     state = {"w": torch.arange(1000.0), "step": 3}
-    data = ckpt.serialize(state)
+    data = _saved(state)
     records = {i.filename.split("/", 1)[1]: i.CRC for i in zipfile.ZipFile(io.BytesIO(data)).infolist()}
     assert records["data/0"] == 0  # with the CRC pass it is the record's CRC32, never 0 for this tensor
-    loaded = ckpt.deserialize(data)
+    loaded = ckpt.load(io.BytesIO(data))
     assert loaded["step"] == 3 and torch.equal(loaded["w"], state["w"])
     assert torch_serialization.config.save.compute_crc32 is True
+
+
+def _big_state(mib: int) -> dict:
+    g = torch.Generator().manual_seed(mib)
+    return {"step": 1, "w": torch.rand(mib << 18, generator=g), "small": torch.ones(3)}  # mib MiB of float32
+
+
+def _count_requests(store, operation: str, calls: list) -> None:
+    def record(request, **_) -> None:  # (a handler that returns something replaces the response)
+        calls.append(dict(request.headers))
+
+    store._client.meta.events.register(f"before-send.s3.{operation}", record)
+
+
+def test_a_checkpoint_goes_up_in_parallel_parts_and_comes_back_in_ranged_gets(s3_env, s3_bucket, monkeypatch):
+    """Multipart with 5 MiB parts (S3's smallest) through boto3's transfer manager; the restore is
+    ranged GETs; nothing is left half-uploaded."""
+    monkeypatch.setenv("RINGTRAIN_S3_PART_MIB", "5")
+    store = open_store(f"s3://{s3_bucket}/ck", s3_env)
+    parts, puts, gets = [], [], []
+    _count_requests(store, "UploadPart", parts)
+    _count_requests(store, "PutObject", puts)
+    _count_requests(store, "GetObject", gets)
+    checkpoints = ckpt.CheckpointStore(store, keep=1)
+    state = _big_state(13)
+    nbytes = checkpoints.write(1, state)
+    assert nbytes > 13 << 20 and len(parts) == 3  # 5 + 5 + the rest
+    assert len(puts) == 1  # the manifest only
+    found = checkpoints.latest_valid()
+    assert torch.equal(found.state["w"], state["w"]) and torch.equal(found.state["small"], state["small"])
+    ranges = sorted(h["Range"] for h in gets if "Range" in h)
+    assert len(ranges) == 3, gets
+    assert "Uploads" not in store._client.list_multipart_uploads(Bucket=s3_bucket)
+
+
+def test_a_part_size_s3_refuses_is_bad_input(monkeypatch):
+    monkeypatch.setenv("RINGTRAIN_S3_PART_MIB", "4")
+    with pytest.raises(BadInput, match="RINGTRAIN_S3_PART_MIB='4': S3 multipart parts are 5 to 5120 MiB"):
+        open_store("s3://b/ck", "http://127.0.0.1:9")
+
+
+def test_an_aborted_write_leaves_no_manifest_and_no_parts_and_the_next_one_is_written(s3_env, s3_bucket,
+                                                                                     monkeypatch):
+    monkeypatch.setenv("RINGTRAIN_S3_PART_MIB", "5")
+    store = open_store(f"s3://{s3_bucket}/ck", s3_env)
+    checkpoints = ckpt.CheckpointStore(store, keep=3)
+    cancelled = threading.Event()
+    parts: list = []
+
+
+    def on_part(request, **_) -> None:  # the abort comes while the upload is under way
+        parts.append(1)
+        if len(parts) == 2:
+            cancelled.set()
+
+    store._client.meta.events.register("before-send.s3.UploadPart", on_part)
+    with pytest.raises(ckpt.WriteCancelled):
+        checkpoints.write(1, _big_state(100), cancelled)
+    # Stopped part-way: s3transfer reads at most 10 parts ahead of the uploads; the whole is 20 parts.
+    assert 2 <= len(parts) < 20
+    assert "Uploads" not in store._client.list_multipart_uploads(Bucket=s3_bucket)
+    assert store.list() == []
+    checkpoints.write(2, _big_state(6))
+    assert checkpoints.valid_steps() == [2]
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_state_that_does_not_serialize_stores_nothing(where, tmp_path, request):
+    if where == "local":
+        store = open_store(str(tmp_path / "ck"))
+    else:
+        bucket, endpoint = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_env")
+        store = open_store(f"s3://{bucket}/ck", endpoint)
+    checkpoints = ckpt.CheckpointStore(store, keep=1)
+    with pytest.raises(Exception, match="lambda|pickle"):
+        checkpoints.write(1, {"w": torch.ones(3), "f": lambda: 0})
+    assert store.list() == []
+    if where == "local":
+        assert not any(p.is_file() for p in (tmp_path / "ck").rglob("*"))  # no temporary file either
+    else:
+        assert "Uploads" not in store._client.list_multipart_uploads(Bucket=store.bucket)
+
+
+def test_a_local_write_never_holds_the_whole_state_in_memory(tmp_path):
+    """The state streams through a pipe in chunks: the writer never builds torch.save's bytes whole
+    (BytesIO + getvalue held two copies of a state before)."""
+    import tracemalloc
+
+    checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1)
+    state = _big_state(40)
+    tracemalloc.start()
+    try:
+        checkpoints.write(1, state)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 << 20, f"peak {peak / 2**20:.0f} MiB for a 40 MiB state"
+    assert torch.equal(checkpoints.latest_valid().state["w"], state["w"])

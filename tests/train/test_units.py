@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from train.config import parse_args
 from train.cpu import cpu_threads_per_worker
@@ -175,3 +176,41 @@ def test_each_steps_random_stream_depends_on_seed_rank_and_step_only():
     seeds = {step_seed(seed, rank, step) for seed in (0, 1) for rank in range(4) for step in range(1000)}
     assert len(seeds) == 2 * 4 * 1000  # every (seed, rank, step) has a stream of its own
     assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_fp16_compression_predivides_by_the_worker_count():
+    from train.trainer import predivide_factor
+
+    assert predivide_factor(parse_args(["--compression", "fp16"]), 8) == 8.0
+    assert predivide_factor(parse_args([]), 8) == 1.0  # fp32 sums do not overflow: Horovod's default
+    assert predivide_factor(parse_args(["--adasum"]), 8) == 1.0  # Horovod refuses it with Adasum
+
+
+def test_gpu_worker_defaults_and_their_opt_out(monkeypatch):
+    from train.gpu import configure_gpu_worker, memory_format
+
+    assert parse_args([]).tf32 and not parse_args(["--no-tf32"]).tf32
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32, torch.get_num_threads())
+    try:
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+        configure_gpu_worker(True, local_size=8, environ={})
+        assert torch.backends.cudnn.benchmark and torch.backends.cuda.matmul.allow_tf32
+        assert torch.get_num_threads() == 2  # 16 cores shared by 8 workers, not 16 threads each
+        configure_gpu_worker(False, local_size=8, environ={})
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.allow_tf32) = saved[:3]
+        torch.set_num_threads(saved[3])
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten())
+    mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    assert memory_format(cnn, on_gpu=True) == torch.channels_last
+    assert memory_format(cnn, on_gpu=False) == memory_format(mlp, on_gpu=True) == torch.contiguous_format
+
+
+def test_commit_every_reaches_the_config_and_must_be_positive():
+    assert parse_args([]).horovod.commit_every == 10
+    assert parse_args(["--commit-every", "50"]).horovod.commit_every == 50
+    with pytest.raises(BadInput, match="--commit-every 0: must be >= 1"):
+        parse_args(["--commit-every", "0"])
