@@ -8,6 +8,7 @@ import signal
 import sys
 
 import numpy as np
+import psutil
 import pytest
 
 from cluster.example_data import stdlib_source
@@ -18,6 +19,7 @@ from tests.train.proc import (
     metrics_steps,
     run,
     start,
+    train_cmd,
     train_workers,
     wait_for,
     worker_env,
@@ -107,6 +109,26 @@ def test_image_task_on_two_workers_resumes_with_the_same_losses_bit_for_bit(digi
     # every step's loss, before the stop and after the resume, is the uninterrupted run's, to the bit
     assert _losses(metrics) == _losses(ref_metrics)
     assert s2["eval"] == s_ref["eval"]
+
+
+def test_image_task_stops_cleanly_when_every_process_of_the_worker_gets_sigterm(digits_on_s3, store_env,
+                                                                                tmp_path):
+    # A node going away signals all its processes, DataLoader workers and their forkserver included (the
+    # local backend's reclaim does): the trainer must still stop at a step boundary after a checkpoint.
+    metrics = tmp_path / "m.jsonl"
+    proc = start(train_cmd("--task", "image", "--data", f"{digits_on_s3}/train",
+                           "--model", "shufflenet_v2_x0_5", "--image-size", "16", "--batch-size", "8",
+                           "--loader-workers", "1", "--steps", "200", "--log-every", "1",
+                           "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-file", str(metrics)),
+                 env=worker_env({**store_env, "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"}))
+    wait_for(lambda: metrics_steps(metrics) and metrics_steps(metrics)[-1] >= 2, 240, "step 2", proc)
+    everyone = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    assert len(everyone) >= 3  # the trainer, the forkserver, a DataLoader worker
+    for p in everyone:
+        p.send_signal(signal.SIGTERM)
+    out = finish(proc, timeout=120)
+    assert proc.returncode == 75, out[-3000:]
+    assert parse_summary(out)["interrupted"] is True
 
 
 def test_lm_task_on_two_workers_resumes_and_its_loss_and_perplexity_fall(stdlib_on_s3, store_env, tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import io
+import signal
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,33 @@ class DecodeSamples:
         with Image.open(io.BytesIO(image_bytes(sample))) as img:
             x = self._tf(img.convert("RGB"))
         return x, int(sample["cls"])
+
+
+def ignore_stop_signals(_worker_id: int = 0) -> None:
+    """In a DataLoader worker: SIGTERM and SIGINT are the trainer's to act on (it stops at a step
+    boundary after a checkpoint, and its loader then ends the workers). A node going away signals every
+    process on it (the local backend's reclaim does; so does Ctrl-C to a terminal's process group); a
+    worker that died of it would fail the step instead of letting the trainer stop cleanly."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_forkserver_ignoring_stop_signals() -> None:
+    """Start multiprocessing's forkserver with SIGTERM and SIGINT ignored: an ignored signal stays
+    ignored across its exec, and the workers it forks inherit that. The forkserver must outlive a
+    SIGTERM: a DataLoader worker takes the process that started it (the forkserver) for its manager
+    and exits when that one is gone (torch.utils.data._utils.worker.ManagerWatchdog). The trainer
+    ignores the two signals only while the server is spawned, once, before training starts."""
+    import multiprocessing.forkserver
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StreamBatches:
@@ -138,6 +166,8 @@ class ImageTask(Task):
                                f"--data {ctx.data}'s")
         self._loader = None
         self._batches = StreamBatches()
+        if self.train_set is not None and self.args.loader_workers:
+            start_forkserver_ignoring_stop_signals()
 
     def build_model(self) -> torch.nn.Module:
         tv = import_torchvision()
@@ -163,6 +193,7 @@ class ImageTask(Task):
                 DecodeSamples(a.image_size, train=True, augment=a.augment), batch_sampler=self._batches,
                 num_workers=workers, pin_memory=ctx.device.type == "cuda",
                 persistent_workers=workers > 0, prefetch_factor=a.prefetch if workers else None,
+                worker_init_fn=ignore_stop_signals if workers else None,
                 # forkserver, as Horovod's pytorch_imagenet_resnet50.py: a fork of a process running
                 # Horovod's and the interconnect's threads is not safe everywhere
                 multiprocessing_context="forkserver" if workers else None)
