@@ -235,10 +235,17 @@ def markdown(r: dict) -> str:
         ]
     pt = s.get("plan_time", {})
     if pt.get("status") == "ok":
+        stacks = pt["figures"].get("stacks", {})
+        plans = [f"{name} {f['plan_wall_median_s']:.2f} s wall / {f['plan_cpu_median_s']:.2f} s CPU"
+                 for name, f in stacks.items() if "plan_wall_median_s" in f]
+        if plans:
+            out += [f"**Plan time** (`scripts/plan`, from the config and the catalog): {'; '.join(plans)}.",
+                    ""]
         rows = [f"{name} {f['resources']} resources: cold {f['cold_wall_median_s']:.2f} s wall / "
                 f"{f['cold_cpu_median_s']:.2f} s CPU, warm {f['warm_median_s']:.2f} s"
-                for name, f in pt["figures"].get("stacks", {}).items()]
-        out += [f"**Plan time** (offline, under mocks): {'; '.join(rows)}.", ""]
+                for name, f in stacks.items()]
+        out += [f"**The Pulumi program under mocks** (as the infra tests run it, tests/infra/harness.py): "
+                f"{'; '.join(rows)}.", ""]
     failed = [f"{name} ({sec['status']}: {sec.get('reason', '')[:200]})" for name, sec in s.items()
               if sec.get("status") != "ok"]
     if failed:

@@ -234,3 +234,19 @@ def test_bare_loop_settings_are_the_trainers_cpu_defaults():
     assert PRODUCTION.fusion_mb is None and defaults.horovod.fusion_threshold_mb is None
     assert PRODUCTION.compression == defaults.horovod.compression == "none" and not PRODUCTION.autotune
     assert PRODUCTION.groups == gradient_groups(defaults, on_gpu=False) == 1
+
+
+def test_plan_time_names_the_plan_and_the_program_run_under_mocks_apart(results):
+    """scripts/plan no longer runs the Pulumi program: its time and the mocked program run (what the infra
+    tests pay) are two figures; a results file from before the plan's own timing shows only the run."""
+    from bench.report import markdown
+
+    program = {"resources": 116, "cold_wall_median_s": 1.92, "cold_cpu_median_s": 1.9, "warm_median_s": 0.3}
+    results["sections"]["plan_time"] = {"status": "ok", "figures": {"stacks": {"prod": program}}}
+    text = markdown(results)
+    assert ("**The Pulumi program under mocks** (as the infra tests run it, tests/infra/harness.py): prod "
+            "116 resources: cold 1.92 s wall / 1.90 s CPU, warm 0.30 s.") in text
+    assert "**Plan time**" not in text
+    program.update(plan_wall_median_s=0.62, plan_cpu_median_s=0.31)
+    assert ("**Plan time** (`scripts/plan`, from the config and the catalog): prod 0.62 s wall / 0.31 s CPU."
+            in markdown(results))
