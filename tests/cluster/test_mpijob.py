@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 from pathlib import Path
 
@@ -320,31 +319,21 @@ def launch_args(job):
     return launcher_command(with_storage_args(job, STORAGE))
 
 
-@functools.cache
-def image_entrypoint():
-    import importlib.util
-
-    path = REPO_ROOT / "image" / "entrypoint.py"
-    spec = importlib.util.spec_from_file_location("ringtrain_entrypoint_for_grace", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("job,workers", [(STATIC, P5), (ELASTIC, G5_SPOT)], ids=["static", "elastic-spot"])
 def test_worker_grace_period_outlasts_the_entrypoints_stop(job, workers):
     """On a reclaim the kubelet SIGKILLs the worker when terminationGracePeriodSeconds ends: the entrypoint
     must have stopped the trainers (its grace) and sshd within it, or the checkpoint is cut short."""
     from cluster.mpijob import STOP_GRACE_MARGIN_S, WORKER_TERMINATION_GRACE_S
+    from tests.image.helpers import load_entry_module
 
-    entrypoint = image_entrypoint()
+    # The entrypoint's stop: settings.py reads the trainers' grace, supervisor.py stops sshd after it.
+    settings, supervisor = load_entry_module("settings"), load_entry_module("supervisor")
     replicas = render(job, workers)["spec"]["mpiReplicaSpecs"]
     worker = replicas["Worker"]["template"]["spec"]
     assert worker["terminationGracePeriodSeconds"] == WORKER_TERMINATION_GRACE_S == 120  # the spot notice
-    default_grace = entrypoint.parse_stop_grace({})
-    assert default_grace + entrypoint.SSHD_STOP_S < WORKER_TERMINATION_GRACE_S - 5
-    assert entrypoint.SSHD_STOP_S < STOP_GRACE_MARGIN_S
+    default_grace = settings.parse_stop_grace({})
+    assert default_grace + supervisor.SSHD_STOP_S < WORKER_TERMINATION_GRACE_S - 5
+    assert supervisor.SSHD_STOP_S < STOP_GRACE_MARGIN_S
     # The launcher is not on spot capacity and stops with horovodrun: the default grace serves it.
     assert "terminationGracePeriodSeconds" not in replicas["Launcher"]["template"]["spec"]
 
