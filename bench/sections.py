@@ -22,6 +22,7 @@ from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod
 from bench.stats import median, paired_ratios
 from bench.table import ms_interval
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations
+from train.summary import RunSummary
 
 Progress = Callable[[str], None]
 
@@ -423,18 +424,21 @@ def recovery_section(plan: Plan, progress: Progress) -> dict:
                     "reclaim_at_step": plan.recovery_reclaim_at, "grace_s": 10}}
 
 
-def recovery_figures(events: list[tuple[float, str]], first: dict, second: dict, metrics: list[dict]) -> dict:
+def recovery_figures(events: list[tuple[float, str]], first: RunSummary | None, second: RunSummary | None,
+                     metrics: list[dict]) -> dict:
     """Pure: from the flow's timestamped messages and the two attempts' summaries/metrics."""
     sigterm = [t for t, line in events if line.startswith("fault injection: reclaiming")]
     if not sigterm:
         raise ValueError("the flow never reported the reclaim")
-    resumed_from = second.get("resumed_from_step")
+    if first is None or second is None:
+        raise ValueError("an attempt reported no summary")
+    resumed_from = second.resumed_from_step
     if resumed_from is None:
         raise ValueError("the second attempt did not resume from a checkpoint")
     after = sorted((r for r in metrics if int(r["step"]) > resumed_from), key=lambda r: r["step"])
     if not after:
         raise ValueError(f"no metrics after step {resumed_from} in the resumed attempt")
-    reached = int(first["steps"])
+    reached = first.steps
     resubmitted = [t for t, line in events if line.startswith("attempt 2: submitted")]
     return {
         "sigterm_to_resumed_s": float(after[0]["time"]) - sigterm[0],
@@ -444,7 +448,7 @@ def recovery_figures(events: list[tuple[float, str]], first: dict, second: dict,
         "interrupted_at_step": reached,
         "resumed_from_step": int(resumed_from),
         "steps_lost": reached - int(resumed_from),
-        "checkpoints_written_before_stop": first.get("checkpoints_written"),
+        "checkpoints_written_before_stop": first.checkpoints_written,
     }
 
 

@@ -83,7 +83,7 @@ class TrainerRun:
         return {**store_env, **knobs}
 
     def run(self, label: str, workdir: Path, store_env: dict[str, str], timeout_s: float) -> dict:
-        from train.metrics import parse_summary
+        from train.summary import parse_summary
 
         run_id = f"{label}-{uuid.uuid4().hex[:8]}"
         metrics_file = workdir / f"{run_id}.jsonl"
@@ -95,7 +95,7 @@ class TrainerRun:
         try:
             summary = parse_summary(out)
             records = read_metrics(metrics_file)
-            world = int(summary["world_size"])
+            world = int(summary.world_size)
             rate = window_rate(records, self.shape.warmup, self.shape.warmup + self.shape.steps,
                                world * self.shape.batch_size)
         except (ValueError, KeyError) as e:
@@ -106,15 +106,15 @@ class TrainerRun:
             "steps": self.shape.steps,
             "world_size": world,
             "batch_size": self.shape.batch_size,
-            "summary_samples_per_sec": summary["samples_per_sec"],
-            "checkpoints_written": summary["checkpoints_written"],
+            "summary_samples_per_sec": summary.samples_per_sec,
+            "checkpoints_written": summary.checkpoints_written,
             # training time spent waiting for the previous checkpoint's write (see train.checkpoint_writer)
-            "checkpoint_wait_s": summary["checkpoint_wait_s"],
+            "checkpoint_wait_s": summary.checkpoint_wait_s,
             # periodic checkpoints due while the previous write went on, taken late (train.trainer)
-            "checkpoints_deferred": summary["checkpoints_deferred"],
-            "checkpoint_write_max_s": summary["checkpoint_write_max_s"],
-            "checkpoint_write_cpu_s": summary["checkpoint_write_cpu_s"],  # the writer process's CPU
-            "cpus": summary["cpu_affinity"],  # rank 0's cores, as the trainer pinned them (or None)
+            "checkpoints_deferred": summary.checkpoints_deferred,
+            "checkpoint_write_max_s": summary.checkpoint_write_max_s,
+            "checkpoint_write_cpu_s": summary.checkpoint_write_cpu_s,  # the writer process's CPU
+            "cpus": summary.cpu_affinity,  # rank 0's cores, as the trainer pinned them (or None)
             "run_id": run_id,
             "records": records,
         }

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.job import JobSpec
+from train.summary import RunSummary
 
 
 class BackendError(RuntimeError):
@@ -36,7 +37,7 @@ class JobResult:
     name: str
     succeeded: bool
     exit_code: int | None
-    summary: dict[str, Any] = field(default_factory=dict)  # the trainer's final summary record
+    summary: RunSummary | None = None  # the trainer's summary (None: its output held none)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # its JSON-lines metrics
     message: str = ""
 

@@ -9,30 +9,16 @@ code. What tells them apart is in the launcher's output (docs/ARCHITECTURE.md, c
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 
 from train.contract import EXIT_INTERRUPTED_RESUMABLE
+from train.summary import last_summary
 
-SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
 # horovodrun's line when a worker ends non-zero (gloo_run.py): "Process 1 exit with status code 75."
 WORKER_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.")
 # Workers that horovodrun (or a reclaim) killed after the first one failed: SIGTERM, SIGKILL, ssh lost.
 KILLED = (143, 137, 255, -15, -9)
-
-
-def parse_summary(lines: Iterable[str]) -> dict:
-    """The trainer's last RINGTRAIN_SUMMARY record in the output, or {} (pure)."""
-    for line in reversed(list(lines)):
-        if SUMMARY_PREFIX in line:
-            try:
-                record = json.loads(line.split(SUMMARY_PREFIX, 1)[1])
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                return record
-    return {}
 
 
 def worker_exit_codes(lines: Iterable[str]) -> dict[int, int]:
@@ -49,7 +35,8 @@ def job_exit_code(launcher_rc: int | None, lines: Sequence[str]) -> int | None:
     worker's own failure code, else the launcher's; None while the launcher has not ended."""
     if launcher_rc is None:
         return None
-    if parse_summary(lines).get("interrupted"):
+    summary = last_summary(lines)
+    if summary is not None and summary.interrupted:
         return EXIT_INTERRUPTED_RESUMABLE
     if launcher_rc == 0:
         return 0

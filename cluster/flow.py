@@ -31,6 +31,7 @@ from typing import Any
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.job import JobSpec
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
+from train.summary import RunSummary
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ class FlowOptions:
 @dataclass
 class Attempt:
     exit_code: int | None
-    summary: dict[str, Any]
+    summary: RunSummary | None
     hosts: list[str]
     message: str = ""
 
@@ -72,7 +73,7 @@ class FlowResult:
     succeeded: bool
     exit_code: int | None
     attempts: list[Attempt]
-    summary: dict[str, Any]
+    summary: RunSummary | None
     metrics: list[dict[str, Any]]
     reclaimed: list[str]
     storage: Storage | None
@@ -80,7 +81,8 @@ class FlowResult:
 
     @property
     def resumed(self) -> bool:
-        return any(a.summary.get("resumed_from_step") is not None for a in self.attempts[1:])
+        return any(a.summary is not None and a.summary.resumed_from_step is not None
+                   for a in self.attempts[1:])
 
 
 class FlowInterrupted(Exception):
@@ -140,33 +142,32 @@ def format_summary(result: FlowResult) -> str:
     s = result.summary
     lines = [f"job {result.job}: {'done' if result.succeeded else 'FAILED'} "
              f"(exit code {result.exit_code}, {len(result.attempts)} attempt(s))"]
-    written = sum(a.summary.get("checkpoints_written", 0) or 0 for a in result.attempts)
-    deferred = sum(a.summary.get("checkpoints_deferred", 0) or 0 for a in result.attempts)
+    summaries = [a.summary for a in result.attempts if a.summary is not None]
+    written = sum(x.checkpoints_written for x in summaries)
+    deferred = sum(x.checkpoints_deferred for x in summaries)
     late = f", {deferred} deferred past their step (the previous write was still going)" if deferred else ""
-    if s:
-        first = result.attempts[0].summary.get("initial_loss") if result.attempts else None
-        first_loss = format(first, ".4f") if isinstance(first, int | float) else "n/a"
+    if s is not None:
+        first = result.attempts[0].summary if result.attempts else None
 
-        def num(key: str, fmt: str) -> str:
-            v = s.get(key)
-            return format(v, fmt) if isinstance(v, int | float) else "n/a"
+        def num(v: float | None, fmt: str) -> str:
+            return format(v, fmt) if v is not None else "n/a"
 
         lines += [
-            f"  steps              {s.get('steps', 'n/a')}",
-            f"  loss               {first_loss} -> {num('final_loss', '.4f')}",
-            f"  samples/s          {num('samples_per_sec', '.1f')} "
-            f"(last attempt, {s.get('world_size', '?')} workers)",
+            f"  steps              {s.steps}",
+            f"  loss               {num(first.initial_loss if first else None, '.4f')} -> "
+            f"{num(s.final_loss, '.4f')}",
+            f"  samples/s          {num(s.samples_per_sec, '.1f')} (last attempt, {s.world_size} workers)",
             f"  checkpoints        {written} written{late}",
         ]
     for i, a in enumerate(result.attempts, 1):
-        where = a.summary.get("resumed_from_step")
+        where = a.summary.resumed_from_step if a.summary else None
         start = f"resumed from step {where}" if where is not None else "from scratch"
         end = ("interrupted (resumable)" if a.exit_code == EXIT_INTERRUPTED_RESUMABLE
                else f"exit {a.exit_code}")
-        lines.append(f"  attempt {i}: {start}, reached step {a.summary.get('steps', '?')}, {end}, "
+        lines.append(f"  attempt {i}: {start}, reached step {a.summary.steps if a.summary else '?'}, {end}, "
                      f"hosts {', '.join(a.hosts) or '?'}"
-                     + (f", elastic resets {a.summary['elastic_resets']}"
-                        if a.summary.get("elastic_resets") else ""))
+                     + (f", elastic resets {a.summary.elastic_resets}"
+                        if a.summary and a.summary.elastic_resets else ""))
     if result.reclaimed:
         lines.append(f"  reclaimed          {', '.join(result.reclaimed)}")
     if result.message:

@@ -1,4 +1,5 @@
-"""What rank 0 reports: a progress bar for people, JSON lines for machines, TensorBoard, the summary."""
+"""What rank 0 reports while it trains: a progress bar for people, JSON lines for machines, TensorBoard
+(the summary at the end: train/summary.py)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,6 @@ import sys
 from pathlib import Path
 
 from train.errors import BadInput
-
-SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
-SUMMARY_KEYS = (
-    "steps", "final_loss", "initial_loss", "samples_per_sec", "resumed_from_step",
-    "checkpoints_written", "world_size", "interrupted", "elastic_resets", "cpu_affinity", "gradient_groups",
-)
-
-
-def summary_line(summary: dict) -> str:
-    missing = [k for k in SUMMARY_KEYS if k not in summary]
-    if missing:
-        raise ValueError(f"summary lacks {missing}")
-    return f"{SUMMARY_PREFIX} {json.dumps(summary, sort_keys=True)}"
-
-
-def parse_summary(output: str) -> dict:
-    """The summary from a run's output (for tests, the benchmark and the cluster backends)."""
-    lines = [ln for ln in output.splitlines() if SUMMARY_PREFIX in ln]
-    if len(lines) != 1:
-        raise ValueError(f"expected exactly one {SUMMARY_PREFIX} line, found {len(lines)}")
-    return json.loads(lines[0].split(SUMMARY_PREFIX, 1)[1])
 
 
 def check_tensorboard_available() -> None:

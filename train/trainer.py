@@ -13,7 +13,7 @@ import sys
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -25,10 +25,11 @@ from train.contract import EXIT_INTERRUPTED_RESUMABLE
 from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
 from train.errors import BadInput
 from train.gpu import configure_gpu_worker, memory_format
-from train.metrics import MetricsLog, check_tensorboard_available, summary_line
+from train.metrics import MetricsLog, check_tensorboard_available
 from train.resume import broadcast_state
 from train.stop import STOP, StopRequest, stop_budget_s
 from train.storage import open_store
+from train.summary import RunSummary
 from train.task import TaskContext, load_task
 
 # Test hook: seconds to sleep after every step, so a test can signal a run at a step of its choosing.
@@ -47,7 +48,7 @@ class Progress:
 @dataclass
 class RunResult:
     exit_code: int
-    summary: dict = field(default_factory=dict)
+    summary: RunSummary | None = None
 
 
 def configure_horovod_env(cfg: TrainConfig, on_gpu: bool, environ=os.environ) -> None:
@@ -600,33 +601,33 @@ class Trainer:
             self.last_eval = self.evaluate(progress.step)
         self.close_writer()
         self.task.close()
-        summary = {
-            "steps": progress.step,
-            "final_loss": final_loss,
-            "initial_loss": initial_loss,
-            "samples_per_sec": self.samples_total / self.train_time if self.train_time > 0 else 0.0,
-            "resumed_from_step": self.resumed_from_step,
-            "checkpoints_written": self.checkpoints_written,
-            "checkpoint_wait_s": round(self.checkpoint_wait_s, 6),
-            "checkpoints_deferred": self.checkpoints_deferred,
+        summary = RunSummary(
+            steps=progress.step,
+            final_loss=final_loss,
+            initial_loss=initial_loss,
+            samples_per_sec=self.samples_total / self.train_time if self.train_time > 0 else 0.0,
+            resumed_from_step=self.resumed_from_step,
+            checkpoints_written=self.checkpoints_written,
+            checkpoint_wait_s=round(self.checkpoint_wait_s, 6),
+            checkpoints_deferred=self.checkpoints_deferred,
             # periodic writes aborted so that a stop's checkpoint starts at once
-            "checkpoints_aborted": self.checkpoints_aborted,
-            "checkpoint_deferred_steps_max": self.checkpoint_deferred_steps_max,
+            checkpoints_aborted=self.checkpoints_aborted,
+            checkpoint_deferred_steps_max=self.checkpoint_deferred_steps_max,
             # the longest checkpoint write (copy handed over -> uploaded), to set against the interval
-            "checkpoint_write_max_s": round(self.checkpoint_write_max_s, 6),
+            checkpoint_write_max_s=round(self.checkpoint_write_max_s, 6),
             # the writer process's CPU time over all writes (serialization, hashing, the upload's client)
-            "checkpoint_write_cpu_s": round(self.checkpoint_write_cpu_s, 6),
-            "world_size": hvd.size(),
-            "interrupted": interrupted,
-            "elastic_resets": self.elastic_resets,
-            "cpu_affinity": list(self.cpus) if self.cpus else None,
-            "gradient_groups": self.gradient_groups,
-            "eval": self.last_eval,  # the task's metrics at the last evaluation (None: none ran)
-        }
+            checkpoint_write_cpu_s=round(self.checkpoint_write_cpu_s, 6),
+            world_size=hvd.size(),
+            interrupted=interrupted,
+            elastic_resets=self.elastic_resets,
+            cpu_affinity=list(self.cpus) if self.cpus else None,
+            gradient_groups=self.gradient_groups,
+            eval=self.last_eval,  # the task's metrics at the last evaluation (None: none ran)
+        )
         if hvd.rank() == 0 and not self.summary_printed:
             if self._log is not None:
                 self._log.close()
-            print(summary_line(summary), flush=True)
+            print(summary.line(), flush=True)
             self.summary_printed = True
         # Nobody exits before rank 0 has written its checkpoint and summary: under horovodrun the first
         # worker to exit non-zero gets the rest terminated.

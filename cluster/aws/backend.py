@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
-from cluster.exit_codes import failure_message, job_exit_code, parse_summary
+from cluster.exit_codes import failure_message, job_exit_code
 from cluster.job import JobSpec
 from cluster.mpijob import (
     JOB_LABEL,
@@ -34,6 +34,7 @@ from cluster.mpijob import (
     worker_hostnames,
     worker_nodes,
 )
+from train.summary import last_summary
 
 from .kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
 from .outputs import NodeGroupOutput, StackOutputs, parse_outputs
@@ -274,5 +275,5 @@ def job_result(name: str, state: str, message: str, launcher_rc: int | None, log
         code = 0 if state == "Succeeded" else 1   # the launcher pod is gone (TTL): trust the condition
     if code != 0:
         message = failure_message(code, log) + (f" (MPIJob: {message})" if message else "")
-    return JobResult(name=name, succeeded=code == 0, exit_code=code, summary=parse_summary(log),
+    return JobResult(name=name, succeeded=code == 0, exit_code=code, summary=last_summary(log),
                      message="" if code == 0 else message)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
-from cluster.exit_codes import failure_message, job_exit_code, parse_summary
+from cluster.exit_codes import failure_message, job_exit_code
 from cluster.job import JobSpec
 from cluster.local import procs, reaper
 from cluster.local.executor import LocalExecutor, RunningLauncher
@@ -39,6 +39,7 @@ from cluster.local.objectstore import ObjectStore, free_port
 from cluster.local.ssh import SshSetupError
 from cluster.mpijob import SYSTEM_NODES, WorkerNodes, render_mpijob, shm_size_limit
 from train.contract import cores_per_worker
+from train.summary import last_summary
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # What the rendered MPIJob names where EKS would name the stack's: the same namespace and service
@@ -249,7 +250,7 @@ class LocalBackend(Backend):
             raise BackendError(f"job {handle.name} still running after {timeout_s:g}s") from None
         job.reader.join(timeout=30)
         job.launcher.remove_listener()
-        summary = parse_summary(job.lines)
+        summary = last_summary(job.lines)
         code = job_exit_code(rc, job.lines)
         message = "" if code == 0 else failure_message(code, job.lines)
         return JobResult(name=handle.name, succeeded=code == 0, exit_code=code, summary=summary,

@@ -5,6 +5,7 @@ import pytest
 from bench.peer import HorovodSettings, LoopShape
 from bench.sections import StallSize, checkpoints_in_window, recovery_figures
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations, window_rate
+from tests.summaries import run_summary
 
 
 def records(times):
@@ -68,8 +69,8 @@ def test_checkpoints_in_window_skips_the_last_step_and_the_warmup():
 def test_recovery_figures():
     events = [(1000.0, "attempt 1: submitted"), (1010.0, "fault injection: reclaiming host-1 (...)"),
               (1030.0, "attempt 2: submitted bench on host-0, host-1")]
-    first = {"steps": 73, "checkpoints_written": 2}
-    second = {"resumed_from_step": 73}
+    first = run_summary(steps=73, checkpoints_written=2)
+    second = run_summary(resumed_from_step=73)
     metrics = [{"step": 75, "time": 1041.0}, {"step": 74, "time": 1040.5}, {"step": 73, "time": 999.0}]
     got = recovery_figures(events, first, second, metrics)
     assert got["sigterm_to_resumed_s"] == pytest.approx(30.5)
@@ -77,16 +78,17 @@ def test_recovery_figures():
     assert got["first_resumed_step"] == 74
     assert got["steps_lost"] == 0 and got["interrupted_at_step"] == 73
     # Resumed from an older checkpoint: the steps in between are lost work.
-    assert recovery_figures(events, {"steps": 73}, {"resumed_from_step": 50},
+    assert recovery_figures(events, run_summary(steps=73), run_summary(resumed_from_step=50),
                             [{"step": 51, "time": 1050.0}])["steps_lost"] == 23
 
 
 def test_recovery_figures_need_a_reclaim_and_a_resume():
     with pytest.raises(ValueError, match="reclaim"):
-        recovery_figures([], {"steps": 5}, {"resumed_from_step": 5}, [{"step": 6, "time": 1.0}])
+        recovery_figures([], run_summary(steps=5), run_summary(resumed_from_step=5),
+                         [{"step": 6, "time": 1.0}])
     with pytest.raises(ValueError, match="did not resume"):
-        recovery_figures([(1.0, "fault injection: reclaiming h")], {"steps": 5},
-                         {"resumed_from_step": None}, [])
+        recovery_figures([(1.0, "fault injection: reclaiming h")], run_summary(steps=5),
+                         run_summary(resumed_from_step=None), [])
 
 
 def test_step_durations_from_per_step_records():

@@ -19,6 +19,7 @@ from cluster.backend import BackendError
 from cluster.flow import FlowInterrupted, FlowOptions, run_job
 from cluster.job import JobSpec
 from cluster.local.objectstore import LOCAL_CREDENTIALS
+from tests.summaries import run_summary
 
 
 @pytest.fixture(scope="module")
@@ -257,14 +258,14 @@ def test_submit_logs_wait_on_a_live_cluster():
     lines = list(backend.logs(handle))
     result = backend.wait(handle, timeout_s=1800)
     assert result.succeeded, (result.message, lines[-20:])
-    assert result.summary.get("steps") == 20
+    assert result.summary is not None and result.summary.steps == 20
 
 
 # What horovodrun printed when host-1's worker stopped on SIGTERM after rank 0's checkpoint (a spot reclaim),
 # and it exited 1: the launcher pod's exit code says nothing more than "failed".
 RECLAIMED_LOG = [
     "[0]<stdout>:step 150 loss 0.61",
-    '[0]<stdout>:RINGTRAIN_SUMMARY {"steps": 153, "interrupted": true, "resumed_from_step": null}',
+    "[0]<stdout>:" + run_summary(steps=153, interrupted=True, resumed_from_step=None).line(),
     "Process 1 exit with status code 75.",
     "Process 0 exit with status code 143.",
 ]
@@ -278,11 +279,11 @@ def test_a_reclaimed_aws_job_maps_to_the_resumable_exit_code_so_run_resubmits():
 
     result = job_result("j1", "Failed", "launcher exited 1", 1, RECLAIMED_LOG)
     assert result.exit_code == EXIT_INTERRUPTED_RESUMABLE and not result.succeeded
-    assert result.summary["steps"] == 153
+    assert result.summary.steps == 153
     bad = job_result("j1", "Failed", "", 1, ["[1]<stderr>:train: error: --lr -1.0: must be > 0",
                                              "Process 1 exit with status code 2."])
     assert bad.exit_code == 2 and "train: error: --lr -1.0" in bad.message
-    ok = job_result("j1", "Succeeded", "", 0, ['[0]<stdout>:RINGTRAIN_SUMMARY {"steps": 20}'])
+    ok = job_result("j1", "Succeeded", "", 0, ["[0]<stdout>:" + run_summary(steps=20).line()])
     assert ok.succeeded and ok.exit_code == 0 and ok.message == ""
     gone = job_result("j1", "Failed", "BackoffLimitExceeded", None, [])
     assert gone.exit_code == 1 and "BackoffLimitExceeded" in gone.message

@@ -106,17 +106,17 @@ def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     first, second = result.attempts[0], result.attempts[-1]
     # It trained to the end ...
     assert result.succeeded and result.exit_code == 0, result.message
-    assert result.summary["steps"] == 40 and result.summary["world_size"] == 2
+    assert result.summary.steps == 40 and result.summary.world_size == 2
     # ... was interrupted by the reclaim after a checkpoint ...
     assert result.reclaimed == ["host-1"]
-    assert first.exit_code == EXIT_INTERRUPTED_RESUMABLE and first.summary["interrupted"] is True
-    assert 15 <= first.summary["steps"] < 40 and first.summary["checkpoints_written"] >= 1
+    assert first.exit_code == EXIT_INTERRUPTED_RESUMABLE and first.summary.interrupted is True
+    assert 15 <= first.summary.steps < 40 and first.summary.checkpoints_written >= 1
     # ... and resumed from that checkpoint on the restored host, not from scratch.
     assert len(result.attempts) == 2 and result.resumed
-    assert second.summary["resumed_from_step"] == first.summary["steps"]
+    assert second.summary.resumed_from_step == first.summary.steps
     assert second.hosts == ["host-0", "host-1"]
     # The loss went down over the whole run.
-    assert second.summary["final_loss"] < first.summary["initial_loss"]
+    assert second.summary.final_loss < first.summary.initial_loss
     assert result.metrics and result.metrics[-1]["step"] == 40
 
     assert_ran_the_mpijobs_launcher(backend, elastic=False)
@@ -139,11 +139,11 @@ def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
 
     assert result.succeeded and result.exit_code == 0, result.message
     assert len(result.attempts) == 1 and result.reclaimed == ["host-1"]
-    assert result.summary["steps"] == 60 and result.summary["interrupted"] is False
-    assert result.summary["elastic_resets"] >= 1
+    assert result.summary.steps == 60 and result.summary.interrupted is False
+    assert result.summary.elastic_resets >= 1
     # Training went on with one worker after the reclaim (the discovery script dropped host-1).
     assert any(m["world_size"] == 1 for m in result.metrics), result.metrics
-    assert result.summary["final_loss"] < result.summary["initial_loss"]
+    assert result.summary.final_loss < result.summary.initial_loss
     assert_ran_the_mpijobs_launcher(backend, elastic=True)
     assert leftovers(**_cluster(backend.seen)) == []
 

@@ -14,6 +14,7 @@ import pytest
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, run_job
 from cluster.job import JobSpec
+from tests.summaries import run_summary
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 
 
@@ -47,7 +48,8 @@ class ScriptedBackend(Backend):
         if self.fail_on == "wait":
             raise KeyboardInterrupt
         code, summary = self.outcomes.pop(0)
-        return JobResult(name=handle.name, succeeded=code == 0, exit_code=code, summary=summary,
+        return JobResult(name=handle.name, succeeded=code == 0, exit_code=code,
+                         summary=run_summary(**summary) if summary else None,
                          message="" if code == 0 else f"exit {code}")
 
     def down(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,13 @@ import pytest
 
 from cluster.backend import Storage
 from cluster.cli import UsageError, build_parser, check_args, job_from_args, options_from_args
-from cluster.exit_codes import failure_message, job_exit_code, parse_summary, worker_exit_codes
+from cluster.exit_codes import failure_message, job_exit_code, worker_exit_codes
 from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 from cluster.local import network, procs, ssh
 from cluster.local.backend import bucket_names, storage_for
+from tests.summaries import run_summary
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,12 +121,6 @@ def test_local_storage_uses_the_stacks_bucket_layout():
     assert s.endpoint_url == "http://10.0.0.1:9000" and s.env == {"A": "b"}
 
 
-def test_parse_summary_reads_the_last_summary_line_through_horovods_prefix():
-    lines = ["[1]<stderr>:noise", '[0]<stdout>:RINGTRAIN_SUMMARY {"steps": 5, "interrupted": true}', "tail"]
-    assert parse_summary(lines) == {"steps": 5, "interrupted": True}
-    assert parse_summary(["nothing here"]) == {}
-
-
 def test_worker_exit_codes_come_from_horovodruns_lines():
     lines = ["Process 1 exit with status code 75.", "x", "Process 0 exit with status code 143."]
     assert worker_exit_codes(lines) == {1: 75, 0: 143}
@@ -142,11 +138,9 @@ def test_worker_exit_codes_come_from_horovodruns_lines():
     (1, {}, {}, 1),
 ])
 def test_job_exit_code_recovers_the_trainers_meaning(rc, codes, summary, expected):
-    import json
-
     lines = [f"Process {rank} exit with status code {code}." for rank, code in codes.items()]
     if summary:
-        lines.append(f"[0]<stdout>:RINGTRAIN_SUMMARY {json.dumps(summary)}")
+        lines.append("[0]<stdout>:" + run_summary(**summary).line())
     assert job_exit_code(rc, lines) == expected
     assert job_exit_code(None, lines) is None  # the launcher has not ended
 
@@ -192,17 +186,17 @@ def test_trainer_messages_are_shown_and_horovod_chatter_is_not():
 
 
 def test_format_summary_shows_loss_throughput_checkpoints_and_the_resume():
-    a1 = Attempt(75, {"steps": 50, "initial_loss": 2.3, "final_loss": 1.0, "checkpoints_written": 3,
-                      "resumed_from_step": None, "interrupted": True}, ["host-0", "host-1"])
-    a2 = Attempt(0, {"steps": 100, "initial_loss": 1.0, "final_loss": 0.25, "checkpoints_written": 2,
-                     "resumed_from_step": 50, "samples_per_sec": 123.4, "world_size": 2},
+    a1 = Attempt(75, run_summary(steps=50, initial_loss=2.3, final_loss=1.0, checkpoints_written=3,
+                                 resumed_from_step=None, interrupted=True), ["host-0", "host-1"])
+    a2 = Attempt(0, run_summary(steps=100, initial_loss=1.0, final_loss=0.25, checkpoints_written=2,
+                                resumed_from_step=50, samples_per_sec=123.4, world_size=2),
                  ["host-0", "host-1"])
     r = FlowResult(job="demo", succeeded=True, exit_code=0, attempts=[a1, a2], summary=a2.summary, metrics=[],
                    reclaimed=["host-1"], storage=None)
     text = format_summary(r)
     assert "2.3000 -> 0.2500" in text
     assert "123.4" in text and "checkpoints        5 written\n" in text  # none deferred: nothing said
-    a2.summary["checkpoints_deferred"] = 2
+    a2.summary = dataclasses.replace(a2.summary, checkpoints_deferred=2)
     late = "checkpoints        5 written, 2 deferred past their step (the previous write was still going)"
     assert late in format_summary(r)
     assert "resumed from step 50" in text and "interrupted (resumable)" in text

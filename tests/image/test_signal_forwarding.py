@@ -447,8 +447,8 @@ def test_the_real_trainer_checkpoints_and_exits_75_when_the_pod_is_told_to_stop(
     from tests.image.helpers import REPO_ROOT
     from train import checkpoint as ckpt
     from train import data as data_mod
-    from train.metrics import parse_summary
     from train.storage import open_store
+    from train.summary import parse_summary
 
     data_mod.generate(str(tmp_path / "data"), shards=1, samples_per_shard=256, seed=3)
     ck, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
@@ -466,7 +466,7 @@ def test_the_real_trainer_checkpoints_and_exits_75_when_the_pod_is_told_to_stop(
     assert rc == 0, out[-3000:]
     assert pod.result("trainers")["rcs"] == [75], out[-3000:]
     summary = parse_summary(out)
-    assert summary["interrupted"] is True and 3 <= summary["steps"] < 2000
-    assert summary["checkpoints_written"] == 1
-    assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [summary["steps"]]
+    assert summary.interrupted is True and 3 <= summary.steps < 2000
+    assert summary.checkpoints_written == 1
+    assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [summary.steps]
     assert "entrypoint: 1 trainer processes exited after" in out

@@ -32,8 +32,8 @@ from tests.train.proc import (
 from train import checkpoint as ckpt
 from train import data as data_mod
 from train.contract import cpu_share
-from train.metrics import parse_summary
 from train.storage import open_store
+from train.summary import parse_summary
 
 pytestmark = pytest.mark.slow
 
@@ -58,15 +58,15 @@ def test_two_workers_converge_with_data_and_checkpoints_on_s3(object_store, s3_b
                            "--metrics-file", str(metrics)), env=env)
     assert r.returncode == 0, r.stdout[-4000:]
     s = parse_summary(r.stdout)
-    assert s["world_size"] == 2 and s["steps"] == 80 and s["checkpoints_written"] == 4
-    assert s["checkpoints_deferred"] == 0 and s["checkpoint_deferred_steps_max"] == 0
-    assert 0 < s["checkpoint_write_max_s"] < 60  # the writer process timed its writes
-    assert 0 < s["checkpoint_write_cpu_s"] < 4 * 60  # and its CPU time over the 4
-    assert s["final_loss"] < 0.5 * s["initial_loss"], s
-    assert s["samples_per_sec"] > 0
+    assert s.world_size == 2 and s.steps == 80 and s.checkpoints_written == 4
+    assert s.checkpoints_deferred == 0 and s.checkpoint_deferred_steps_max == 0
+    assert 0 < s.checkpoint_write_max_s < 60  # the writer process timed its writes
+    assert 0 < s.checkpoint_write_cpu_s < 4 * 60  # and its CPU time over the 4
+    assert s.final_loss < 0.5 * s.initial_loss, s
+    assert s.samples_per_sec > 0
     # rank 0 pinned to the first core of its share (none when the machine has fewer cores than workers)
     share = cpu_share(sorted(os.sched_getaffinity(0)), 0, 2)
-    assert s["cpu_affinity"] == (list(share) if share else None)
+    assert s.cpu_affinity == (list(share) if share else None)
     checkpoints = ckpt.CheckpointStore(open_store(ck_uri, object_store.endpoint_url), keep=2)
     assert checkpoints.valid_steps() == [60, 80]
     found = checkpoints.latest_valid()
@@ -80,7 +80,7 @@ def test_sigterm_on_one_worker_stops_all_and_resume_is_bitwise_exact(tmp_path, l
     # The reference runs unpinned: where the threads run must not change a single bit of the result.
     ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(tmp_path / "ref"), "--cpu-affinity", "off"))
     assert ref.returncode == 0, ref.stdout[-4000:]
-    assert parse_summary(ref.stdout)["cpu_affinity"] is None
+    assert parse_summary(ref.stdout).cpu_affinity is None
 
     ck, metrics = tmp_path / "spot", tmp_path / "m.jsonl"
     proc = start(horovodrun_cmd(2, *common, "--checkpoint-dir", str(ck), "--metrics-file", str(metrics)),
@@ -91,18 +91,18 @@ def test_sigterm_on_one_worker_stops_all_and_resume_is_bitwise_exact(tmp_path, l
     random.choice(workers).send_signal(signal.SIGTERM)  # a spot reclaim hits one node
     out = finish(proc)
     s = parse_summary(out)
-    assert s["interrupted"] is True and at <= s["steps"] < 60, s
+    assert s.interrupted is True and at <= s.steps < 60, s
     # horovodrun itself exits 1; the first worker to exit reports 75, and horovodrun then terminates
     # the others' shells (143) whether or not they had already finished: all are past the checkpoint.
     codes = _worker_exit_codes(out)
     assert "75" in codes and set(codes) <= {"75", "143"}, out[-3000:]
-    assert latest_state(str(ck)).step == s["steps"]
+    assert latest_state(str(ck)).step == s.steps
 
     resumed = run(horovodrun_cmd(2, *common, "--checkpoint-dir", str(ck)))
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     s2 = parse_summary(resumed.stdout)
-    assert s2["resumed_from_step"] == s["steps"] and s2["steps"] == 60
-    assert s2["final_loss"] == parse_summary(ref.stdout)["final_loss"]
+    assert s2.resumed_from_step == s.steps and s2.steps == 60
+    assert s2.final_loss == parse_summary(ref.stdout).final_loss
 
     a, b = latest_state(str(tmp_path / "ref")).state, latest_state(str(ck)).state
     assert a["step"] == b["step"] == 60
@@ -139,7 +139,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(tm
 
     r = run(horovodrun_cmd(2, *args, "--steps", "25"))
     assert r.returncode == 0, r.stdout[-4000:]
-    assert parse_summary(r.stdout)["resumed_from_step"] == 10
+    assert parse_summary(r.stdout).resumed_from_step == 10
     assert "skipping checkpoint" in r.stderr and f"{partial.name}: no manifest" in r.stderr
     assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [10, 20, 25]
 
@@ -219,10 +219,10 @@ def test_elastic_run_survives_a_killed_worker_it_rejoins_and_a_reclaimed_one_lea
     out = finish(proc, timeout=240)
     assert proc.returncode == 0, out[-4000:]
     s = parse_summary(out)
-    assert s["steps"] == 450 and s["elastic_resets"] >= 3 and s["world_size"] in (2, 3), s
+    assert s.steps == 450 and s.elastic_resets >= 3 and s.world_size in (2, 3), s
     assert "elastic reset, now 2 workers" in out and "elastic reset, now 3 workers" in out
     assert "leaves the elastic job after SIGTERM" in out and "exit with status code 75" in out
-    assert s["final_loss"] < 0.5 * s["initial_loss"]
+    assert s.final_loss < 0.5 * s.initial_loss
     assert latest_state(str(tmp_path / "ck")).step == 450
 
 
@@ -242,7 +242,7 @@ def test_reported_loss_is_the_mean_over_ranks():
         losses = [torch.nn.functional.cross_entropy(model(x), y).item()
                   for x, y in (data_mod.synthetic_batch(seed, r, batch) for r in (0, 1))]
     assert abs(losses[0] - losses[1]) > 1e-3  # the ranks' losses differ, so the mean is informative
-    assert parse_summary(proc.stdout)["initial_loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
+    assert parse_summary(proc.stdout).initial_loss == pytest.approx(sum(losses) / 2, rel=1e-5)
 
 
 def _probe(*args: str) -> dict:

@@ -14,8 +14,8 @@ import torch
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.proc import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
 from train import checkpoint as ckpt
-from train.metrics import parse_summary
 from train.storage import open_store
+from train.summary import parse_summary
 
 
 def test_horovod_knobs_mixed_precision_and_metrics(tmp_path, local_dataset):
@@ -26,9 +26,9 @@ def test_horovod_knobs_mixed_precision_and_metrics(tmp_path, local_dataset):
                       "--cycle-time-ms", "2", "--metrics-file", str(metrics)))
     assert r.returncode == 0, r.stderr[-3000:]
     s = parse_summary(r.stdout)
-    assert s["steps"] == 40 and s["world_size"] == 1 and s["interrupted"] is False
-    assert s["resumed_from_step"] is None and s["checkpoints_written"] == 0 and s["elastic_resets"] == 0
-    assert s["final_loss"] < 0.6 * s["initial_loss"], s
+    assert s.steps == 40 and s.world_size == 1 and s.interrupted is False
+    assert s.resumed_from_step is None and s.checkpoints_written == 0 and s.elastic_resets == 0
+    assert s.final_loss < 0.6 * s.initial_loss, s
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [rec["step"] for rec in records] == [10, 20, 30, 40]
     assert set(records[0]) >= {"step", "loss", "samples_per_sec", "lr", "world_size"}
@@ -57,14 +57,14 @@ def test_sigterm_checkpoints_exits_75_and_resume_continues(tmp_path, local_datas
     out = finish(proc)
     assert proc.returncode == 75, out[-3000:]
     s = parse_summary(out)
-    assert s["interrupted"] is True and 5 <= s["steps"] < 400 and s["checkpoints_written"] == 1
-    stopped_at = s["steps"]
+    assert s.interrupted is True and 5 <= s.steps < 400 and s.checkpoints_written == 1
+    stopped_at = s.steps
     assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [stopped_at]
 
     r = run(train_cmd(*args, "--steps", str(stopped_at + 3)))
     assert r.returncode == 0, r.stderr[-3000:]
     s2 = parse_summary(r.stdout)
-    assert s2["resumed_from_step"] == stopped_at and s2["steps"] == stopped_at + 3 and not s2["interrupted"]
+    assert s2.resumed_from_step == stopped_at and s2.steps == stopped_at + 3 and not s2.interrupted
 
 
 def test_corrupt_newest_checkpoint_is_skipped_on_start(tmp_path, local_dataset):
@@ -75,7 +75,7 @@ def test_corrupt_newest_checkpoint_is_skipped_on_start(tmp_path, local_dataset):
     (ck / "step-000000010" / "state.pt").write_bytes(b"not a checkpoint")
     r = run(train_cmd(*base, "--steps", "12"))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert parse_summary(r.stdout)["resumed_from_step"] == 5
+    assert parse_summary(r.stdout).resumed_from_step == 5
     assert "skipping checkpoint" in r.stderr and "step-000000010: state.pt fails its sha256 check" in r.stderr
 
 
@@ -147,14 +147,14 @@ def test_a_checkpoint_due_during_a_slow_write_is_deferred_and_training_does_not_
     assert r.returncode == 0, r.stderr[-3000:]
     s = parse_summary(r.stdout)
     # Each write takes over a second, ~50 steps: the checkpoints due meanwhile wait for it, not training.
-    assert s["checkpoints_deferred"] >= 1 and s["checkpoint_deferred_steps_max"] >= 10, s
+    assert s.checkpoints_deferred >= 1 and s.checkpoint_deferred_steps_max >= 10, s
     assert r.stderr.count("deferred: the previous checkpoint is still being written") == 1
     times = {rec["step"]: rec["time"] for rec in map(json.loads, metrics.read_text().splitlines())}
     longest = max(times[k] - times[k - 1] for k in range(2, 120))
     assert longest < 0.5, f"a step took {longest:.2f} s: training waited for a write"
     steps = ckpt.CheckpointStore(open_store(str(ck)), keep=20).valid_steps()
     assert steps[0] == 10 and steps[-1] == 120 and any(k % 10 for k in steps), steps
-    assert len(steps) == s["checkpoints_written"]
+    assert len(steps) == s.checkpoints_written
     # a write apart, the final one aside
     assert all(b - a >= 40 for a, b in itertools.pairwise(steps[:-1])), steps
 
@@ -183,13 +183,13 @@ def test_a_stop_during_a_periodic_upload_aborts_it_and_writes_the_stop_checkpoin
             proc.kill()
     assert proc.returncode == 75, out[-3000:]
     s = parse_summary(out)
-    assert s["checkpoints_aborted"] == 1 and s["interrupted"], s
+    assert s.checkpoints_aborted == 1 and s.interrupted, s
     assert "stop checkpoint of" in out and "of the 100 s stop budget left" in out
     checkpoints = ckpt.CheckpointStore(open_store(uri, object_store.endpoint_url), keep=3)
-    assert checkpoints.valid_steps() == [s["steps"]]  # the aborted one: no manifest
-    assert checkpoints.latest_valid().step == s["steps"]
+    assert checkpoints.valid_steps() == [s.steps]  # the aborted one: no manifest
+    assert checkpoints.latest_valid().step == s.steps
     assert "Uploads" not in client.list_multipart_uploads(Bucket=s3_bucket)  # and no parts left
-    assert all(k.startswith(f"ck/step-{s['steps']:09d}/") for k in
+    assert all(k.startswith(f"ck/step-{s.steps:09d}/") for k in
                (o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket).get("Contents", [])))
 
 

@@ -13,7 +13,7 @@ import pytest
 from tests.train.proc import REPO, horovodrun_cmd, run, train_cmd
 from train.config import parse_args
 from train.errors import BadInput
-from train.metrics import parse_summary
+from train.summary import parse_summary
 from train.task import BUILTIN_TASKS, load_task
 from train.tasks.demo import DemoTask
 
@@ -94,10 +94,10 @@ def test_a_users_task_from_outside_the_repository_trains_on_two_workers_and_resu
     resumed = run(horovodrun_cmd(2, *common, "--steps", "250", "--eval-every", "200"))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     s2 = parse_summary(resumed.stdout)
-    assert s2["resumed_from_step"] == 100 and s2["world_size"] == 2
-    assert s2["final_loss"] < 0.5 * s1["initial_loss"]  # XOR learnt: the hidden layer trained
+    assert s2.resumed_from_step == 100 and s2.world_size == 2
+    assert s2.final_loss < 0.5 * s1.initial_loss  # XOR learnt: the hidden layer trained
     # evaluated over both workers' shares (2 batches of 32 each) and allreduced
-    assert s2["eval"]["eval_samples"] == 128 and s2["eval"]["eval_accuracy"] > 0.9
+    assert s2.eval["eval_samples"] == 128 and s2.eval["eval_accuracy"] > 0.9
 
 
 @pytest.mark.parametrize(("argv", "says"), [
@@ -127,4 +127,4 @@ def test_image_task_synthetic_mode_is_horovods_synthetic_benchmark():
                       "--num-classes", "10", "--batch-size", "8", "--steps", "3"), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     s = parse_summary(r.stdout)
-    assert s["steps"] == 3 and s["samples_per_sec"] > 0 and s["eval"] is None
+    assert s.steps == 3 and s.samples_per_sec > 0 and s.eval is None

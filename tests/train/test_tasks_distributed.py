@@ -25,7 +25,7 @@ from tests.train.proc import (
     worker_env,
 )
 from train import shards
-from train.metrics import parse_summary
+from train.summary import parse_summary
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def _stop_one_worker_at(proc, metrics, at: int) -> dict:
     workers[1].send_signal(signal.SIGTERM)  # a spot reclaim hits one node
     out = finish(proc, timeout=240)
     s = parse_summary(out)
-    assert s["interrupted"] is True, out[-3000:]
+    assert s.interrupted is True, out[-3000:]
     return s
 
 
@@ -93,22 +93,22 @@ def test_image_task_on_two_workers_resumes_with_the_same_losses_bit_for_bit(digi
                              "--metrics-file", str(ref_metrics)), env=worker_env(store_env), timeout=400)
     assert ref.returncode == 0, ref.stdout[-4000:]
     s_ref = parse_summary(ref.stdout)
-    assert s_ref["eval"]["eval_samples"] == 180 and 0 <= s_ref["eval"]["eval_top1"] <= 1
+    assert s_ref.eval["eval_samples"] == 180 and 0 <= s_ref.eval["eval_top1"] <= 1
 
     metrics = tmp_path / "spot.jsonl"
     proc = start(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/image-spot",
                                 "--metrics-file", str(metrics)),
                  env=worker_env({**store_env, "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.3"}))
     s = _stop_one_worker_at(proc, metrics, 4)
-    assert 4 <= s["steps"] < steps
+    assert 4 <= s.steps < steps
     resumed = run(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/image-spot",
                                  "--metrics-file", str(metrics)), env=worker_env(store_env), timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     s2 = parse_summary(resumed.stdout)
-    assert s2["resumed_from_step"] == s["steps"] and s2["steps"] == steps
+    assert s2.resumed_from_step == s.steps and s2.steps == steps
     # every step's loss, before the stop and after the resume, is the uninterrupted run's, to the bit
     assert _losses(metrics) == _losses(ref_metrics)
-    assert s2["eval"] == s_ref["eval"]
+    assert s2.eval == s_ref.eval
 
 
 def test_image_task_stops_cleanly_when_every_process_of_the_worker_gets_sigterm(digits_on_s3, store_env,
@@ -128,7 +128,7 @@ def test_image_task_stops_cleanly_when_every_process_of_the_worker_gets_sigterm(
         p.send_signal(signal.SIGTERM)
     out = finish(proc, timeout=120)
     assert proc.returncode == 75, out[-3000:]
-    assert parse_summary(out)["interrupted"] is True
+    assert parse_summary(out).interrupted is True
 
 
 def test_lm_task_on_two_workers_resumes_and_its_loss_and_perplexity_fall(stdlib_on_s3, store_env, tmp_path):
@@ -145,7 +145,7 @@ def test_lm_task_on_two_workers_resumes_and_its_loss_and_perplexity_fall(stdlib_
                   timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     s2 = parse_summary(resumed.stdout)
-    assert s2["resumed_from_step"] == s["steps"] and s2["steps"] == steps and s2["world_size"] == 2
+    assert s2.resumed_from_step == s.steps and s2.steps == steps and s2.world_size == 2
     losses = _losses(metrics)
     first, last = (np.mean([losses[k] for k in ks]) for ks in (range(1, 6), range(steps - 4, steps + 1)))
     assert last < 0.7 * first, losses
@@ -187,7 +187,7 @@ def test_a_workers_memory_does_not_grow_with_the_number_of_shards(tmp_path):
         peaks[n], summary = _peak_rss_kb(["--task", "lm", "--data", uri, "--layers", "1", "--heads", "1",
                                           "--dim", "8", "--batch-size", str(per_shard), "--steps", "100",
                                           "--readahead-shards", "2"], {})
-        assert summary["steps"] == 100
+        assert summary.steps == 100
     # Streaming holds the shard being read, two read ahead and the one being consumed (~4 x 0.3 MB,
     # plus their samples unpacked); the margin, 8 MB, is under a third of what holding the 90 extra
     # shards' 27 MB (as bytes alone, before unpacking) would add.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -12,7 +10,6 @@ from train.config import parse_args
 from train.cpu import cpu_threads_per_worker
 from train.data import ShardedSampler
 from train.errors import BadInput
-from train.metrics import SUMMARY_KEYS, parse_summary, summary_line
 from train.trainer import lr_at, step_seed
 
 
@@ -106,17 +103,6 @@ def test_lr_scales_with_workers_and_warms_up():
     adasum = parse_args(["--lr", "0.1", "--adasum"])
     assert lr_at(0, adasum, 4, 2, False) == pytest.approx(0.1)
     assert lr_at(0, adasum, 4, 2, True) == pytest.approx(0.2)
-
-
-def test_summary_line_round_trips_and_requires_every_key():
-    summary = dict.fromkeys(SUMMARY_KEYS, 1) | {"interrupted": False, "resumed_from_step": None}
-    line = summary_line(summary)
-    assert line.startswith("RINGTRAIN_SUMMARY {")
-    assert parse_summary(f"noise\n{line}\nmore") == json.loads(line.split(" ", 1)[1])
-    with pytest.raises(ValueError, match="lacks"):
-        summary_line({"steps": 1})
-    with pytest.raises(ValueError, match="exactly one"):
-        parse_summary(f"{line}\n{line}")
 
 
 def test_fusion_threshold_and_cycle_time_reach_horovods_environment():

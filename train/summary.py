@@ -1,0 +1,87 @@
+"""The run's summary: what rank 0 reports when the trainer ends, as one line `RINGTRAIN_SUMMARY {json}`.
+
+One type for every side of that line: the trainer writes it (RunSummary.line), and whoever reads a
+run's output parses it here: the tests and the benchmark read a run's own output (parse_summary,
+exactly one line), the local and AWS backends a launcher's log (last_summary: horovodrun prefixes
+every line with `[rank]<stdout>:`, and a log may hold noise or a cut line). cluster/ imports this;
+it imports nothing from cluster/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SUMMARY_PREFIX = "RINGTRAIN_SUMMARY"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    steps: int                               # the step the run reached
+    final_loss: float | None
+    initial_loss: float | None
+    samples_per_sec: float                   # over this run's training time, all workers
+    resumed_from_step: int | None            # the checkpoint's step it started from (None: from scratch)
+    checkpoints_written: int
+    checkpoint_wait_s: float                 # time the training loop waited for a previous write
+    checkpoints_deferred: int                # checkpoints started late: the previous write was still going
+    checkpoints_aborted: int                 # periodic writes aborted so that a stop's checkpoint starts
+    checkpoint_deferred_steps_max: int
+    checkpoint_write_max_s: float            # the longest write (copy handed over -> uploaded)
+    checkpoint_write_cpu_s: float            # the writer process's CPU time over all writes
+    world_size: int
+    interrupted: bool                        # stopped by SIGTERM after a checkpoint (exit 75, resumable)
+    elastic_resets: int
+    cpu_affinity: list[int] | None           # rank 0's cores, as the trainer pinned them
+    gradient_groups: int
+    eval: dict[str, Any] | None              # the task's metrics at the last evaluation (None: none ran)
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def line(self) -> str:
+        return f"{SUMMARY_PREFIX} {json.dumps(self.record(), sort_keys=True)}"
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> RunSummary:
+        """A summary from its JSON record. Every field must be there; keys it does not know are left
+        out (a newer image's trainer may report more than this checkout reads)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in record]
+        if missing:
+            raise ValueError(f"summary lacks {missing}")
+        return cls(**{n: record[n] for n in names})
+
+
+def _from_line(line: str) -> RunSummary | None:
+    """The summary on one line of output (after any prefix), or None if the line holds none."""
+    if SUMMARY_PREFIX not in line:
+        return None
+    try:
+        record = json.loads(line.split(SUMMARY_PREFIX, 1)[1])
+        return RunSummary.from_record(record) if isinstance(record, dict) else None
+    except ValueError:  # a cut line (json.JSONDecodeError is a ValueError) or a record of another shape
+        return None
+
+
+def parse_summary(output: str) -> RunSummary:
+    """The summary of one run from its own output: exactly one complete summary line, or ValueError."""
+    lines = [ln for ln in output.splitlines() if SUMMARY_PREFIX in ln]
+    if len(lines) != 1:
+        raise ValueError(f"expected exactly one {SUMMARY_PREFIX} line, found {len(lines)}")
+    record = json.loads(lines[0].split(SUMMARY_PREFIX, 1)[1])
+    if not isinstance(record, dict):
+        raise ValueError(f"the {SUMMARY_PREFIX} line holds no JSON object: {lines[0][:200]!r}")
+    return RunSummary.from_record(record)
+
+
+def last_summary(lines: Iterable[str]) -> RunSummary | None:
+    """The last complete summary in a launcher's log, or None (pure)."""
+    for line in reversed(list(lines)):
+        summary = _from_line(line)
+        if summary is not None:
+            return summary
+    return None
