@@ -22,6 +22,7 @@ from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod
 from bench.stats import median, paired_ratios
 from bench.table import ms_interval
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations
+from infra.storage_layout import checkpoint_key_prefix
 from train.summary import RunSummary
 
 Progress = Callable[[str], None]
@@ -370,7 +371,7 @@ def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:
 
 
 def checkpoint_bytes(client, bucket: str, run_id: str) -> int:
-    prefix = f"checkpoints/{run_id}/"
+    prefix = checkpoint_key_prefix(run_id)
     objects = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
     sizes = [o["Size"] for o in objects if o["Key"].endswith("/state.pt")]
     if not sizes:

@@ -15,6 +15,7 @@ from bench.peer import HorovodSettings, LoopShape
 from bench.stats import median_interval
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
+from infra.storage_layout import checkpoint_uri
 
 LOG_EVERY = 10  # the trainer's metrics cadence; the timed window starts and ends on logged steps
 
@@ -72,7 +73,7 @@ class TrainerRun:
             if not h.pin:  # the trainer pins CPU workers by default
                 args += ["--cpu-affinity", "off"]
         if self.checkpoint_every:
-            args += ["--checkpoint-dir", f"s3://{self.bucket}/checkpoints/{run_id}",
+            args += ["--checkpoint-dir", checkpoint_uri(self.bucket, run_id),
                      "--checkpoint-every", str(self.checkpoint_every), "--s3-endpoint-url", self.endpoint_url]
         return args
 

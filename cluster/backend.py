@@ -50,8 +50,8 @@ class Storage:
     store; empty on AWS, where the pod's IAM role supplies credentials).
     """
 
-    dataset_uri: str  # e.g. s3://<datasets-bucket>/datasets/<name>
-    checkpoint_uri: str  # e.g. s3://<checkpoints-bucket>/checkpoints/<job-name>
+    dataset_uri: str  # infra/storage_layout.py: s3://<datasets-bucket>/datasets/<name>
+    checkpoint_uri: str  # and s3://<checkpoints-bucket>/checkpoints/<job-name>
     endpoint_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 

@@ -17,6 +17,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import DataConfig
+from infra.storage_layout import bucket_names
 
 
 def tls_only_bucket_policy(bucket_arn: str) -> dict:
@@ -58,10 +59,6 @@ def ecr_lifecycle_policy(keep_tagged: int) -> dict:
     }
 
 
-def bucket_names(prefix: str) -> dict[str, str]:
-    return {"datasets": f"{prefix}-datasets", "checkpoints": f"{prefix}-checkpoints"}
-
-
 class DataLayer(pulumi.ComponentResource):
     def __init__(
         self,
@@ -86,9 +83,9 @@ class DataLayer(pulumi.ComponentResource):
                       opts=keep(self.kms_key))
 
         names = bucket_names(cfg.bucket_prefix)
-        self.datasets_bucket = self._bucket(f"{name}-datasets", names["datasets"], cfg,
+        self.datasets_bucket = self._bucket(f"{name}-datasets", names.datasets, cfg,
                                             noncurrent_days=cfg.dataset_noncurrent_days)
-        self.checkpoints_bucket = self._bucket(f"{name}-checkpoints", names["checkpoints"], cfg,
+        self.checkpoints_bucket = self._bucket(f"{name}-checkpoints", names.checkpoints, cfg,
                                                noncurrent_days=cfg.checkpoint_noncurrent_days)
 
         self.ecr_repo = aws.ecr.Repository(

@@ -34,6 +34,7 @@ from cluster.mpijob import (
     worker_hostnames,
     worker_nodes,
 )
+from infra.storage_layout import checkpoint_uri, dataset_uri
 from train.summary import last_summary
 
 from .kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
@@ -72,8 +73,8 @@ def image_reference(outputs: StackOutputs, version: str) -> str:
 
 def storage_for(outputs: StackOutputs, job_name: str, dataset: str | None) -> Storage:
     return Storage(
-        dataset_uri=f"s3://{outputs.datasets_bucket}/datasets/{dataset or job_name}",
-        checkpoint_uri=f"s3://{outputs.checkpoints_bucket}/checkpoints/{job_name}",
+        dataset_uri=dataset_uri(outputs.datasets_bucket, dataset or job_name),
+        checkpoint_uri=checkpoint_uri(outputs.checkpoints_bucket, job_name),
     )
 
 

@@ -38,6 +38,7 @@ from cluster.local.network import NetworkSetupError
 from cluster.local.objectstore import ObjectStore, free_port
 from cluster.local.ssh import SshSetupError
 from cluster.mpijob import SYSTEM_NODES, WorkerNodes, render_mpijob, shm_size_limit
+from infra.storage_layout import bucket_names, checkpoint_uri, dataset_uri
 from train.contract import cores_per_worker
 from train.summary import last_summary
 
@@ -49,16 +50,11 @@ LOCAL_SERVICE_ACCOUNT = "trainer"
 LOCAL_IMAGE = "ringtrain-local:checkout"
 
 
-def bucket_names(prefix: str) -> tuple[str, str]:
-    """The stack's buckets: datasets and checkpoints (same names locally and on AWS)."""
-    return f"{prefix}-datasets", f"{prefix}-checkpoints"
-
-
 def storage_for(prefix: str, job_name: str, dataset: str, endpoint_url: str | None,
                 env: dict[str, str]) -> Storage:
     datasets, checkpoints = bucket_names(prefix)
-    return Storage(dataset_uri=f"s3://{datasets}/datasets/{dataset}",
-                   checkpoint_uri=f"s3://{checkpoints}/checkpoints/{job_name}",
+    return Storage(dataset_uri=dataset_uri(datasets, dataset),
+                   checkpoint_uri=checkpoint_uri(checkpoints, job_name),
                    endpoint_url=endpoint_url, env=dict(env))
 
 

@@ -16,7 +16,8 @@ from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 from cluster.local import network, procs, ssh
-from cluster.local.backend import bucket_names, storage_for
+from cluster.local.backend import storage_for
+from infra.storage_layout import bucket_names
 from tests.summaries import run_summary
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
 
