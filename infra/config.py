@@ -17,7 +17,7 @@ import ipaddress
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -362,8 +362,15 @@ def _check_counts(path: str, counts: NodeCounts, min_floor: int = 0) -> None:
 
 
 def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
-    """Rules that span fields or need the catalog. Raises the first ConfigError found."""
-    net = cfg.network
+    """Rules that span fields or need the catalog, one section at a time. Raises the first ConfigError."""
+    check_network(cfg.network, region)
+    check_cluster(cfg.cluster, catalog)
+    check_node_groups(cfg.node_groups, cfg.compute, catalog)
+
+
+def check_network(net: NetworkConfig, region: str) -> None:
+    """network: zones of the stack's region, the GPU zone among them, a service CIDR that collides with
+    neither the VPC nor Docker's bridge."""
     vpc = ipaddress.IPv4Network(net.cidr)
     for i, az in enumerate(net.availability_zones):
         if not re.fullmatch(re.escape(region) + r"[a-z]", az):
@@ -384,8 +391,11 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
         raise _problem("network.kubernetesServiceCidr", net.kubernetes_service_cidr,
                        "a CIDR outside 172.17.0.0/16 (the Docker bridge range)")
 
+
+def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
+    """cluster: distinct, specific public endpoint CIDRs; a CPU system node type with sane counts."""
     seen_public: list[tuple[int, ipaddress.IPv4Network]] = []
-    for i, raw in enumerate(cfg.cluster.public_access_cidrs):
+    for i, raw in enumerate(cluster.public_access_cidrs):
         key = f"cluster.publicAccessCidrs[{i}]"
         try:
             net_i = _cidr(raw)
@@ -399,72 +409,82 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
                                f"a CIDR that does not overlap cluster.publicAccessCidrs[{j}] ({other})")
         seen_public.append((i, net_i))
 
-    system = cfg.cluster.system_nodes
+    system = cluster.system_nodes
     sys_type = catalog.get(system.instance_type)
     if sys_type is None or sys_type.gpus:
         raise _problem("cluster.systemNodes.instanceType", system.instance_type,
                        f"a CPU instance type from infra/catalog.yaml: {', '.join(catalog.cpu_types())}")
     _check_counts("cluster.systemNodes", system, min_floor=1)
 
-    if cfg.compute and not cfg.node_groups:
+
+def check_node_groups(node_groups: Sequence[NodeGroupConfig], compute: bool, catalog: Catalog) -> None:
+    """nodeGroups: at least one while compute is on, unique names, then each group by itself."""
+    if compute and not node_groups:
         raise _problem("nodeGroups", [], "at least one GPU node group while compute is true")
     names: set[str] = set()
-    for i, group in enumerate(cfg.node_groups):
+    for i, group in enumerate(node_groups):
         base = f"nodeGroups[{i}]"
         if group.name in names:
             raise _problem(f"{base}.name", group.name, "a name no other node group uses")
         names.add(group.name)
-        if len(set(group.instance_types)) != len(group.instance_types):
-            raise _problem(f"{base}.instanceTypes", group.instance_types, "distinct instance types")
-        types = []
-        for j, name in enumerate(group.instance_types):
-            rec = catalog.get(name)
-            if rec is None or rec.gpus == 0:
-                raise _problem(f"{base}.instanceTypes[{j}]", name,
-                               "a GPU instance type from infra/catalog.yaml: "
-                               + ", ".join(catalog.gpu_types()))
-            types.append(rec)
-        first = types[0]
-        for j, rec in enumerate(types[1:], start=1):
-            if rec.gpus != first.gpus:
+        check_node_group(base, group, catalog)
+
+
+def check_node_group(base: str, group: NodeGroupConfig, catalog: Catalog) -> None:
+    """One GPU node group (`base` is its path, nodeGroups[i]): catalog GPU types of one GPU count (one
+    shape for spot), EFA-capable with one interface layout when efa is on, the capacity type's rules,
+    minSize 0."""
+    if len(set(group.instance_types)) != len(group.instance_types):
+        raise _problem(f"{base}.instanceTypes", group.instance_types, "distinct instance types")
+    types = []
+    for j, name in enumerate(group.instance_types):
+        rec = catalog.get(name)
+        if rec is None or rec.gpus == 0:
+            raise _problem(f"{base}.instanceTypes[{j}]", name,
+                           "a GPU instance type from infra/catalog.yaml: "
+                           + ", ".join(catalog.gpu_types()))
+        types.append(rec)
+    first = types[0]
+    for j, rec in enumerate(types[1:], start=1):
+        if rec.gpus != first.gpus:
+            raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
+                           f"a type with {first.gpus} GPUs like {first.name} (one group, one GPU count)")
+        if group.capacity_type == "SPOT" and rec.shape != first.shape:
+            raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
+                           f"a type of the spot pool's GPU shape {first.shape.describe()} "
+                           f"like {first.name} "
+                           f"(it is {rec.shape.describe()}; put other shapes in their own group)")
+    if group.efa:
+        for j, rec in enumerate(types):
+            if not rec.efa:
                 raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
-                               f"a type with {first.gpus} GPUs like {first.name} (one group, one GPU count)")
-            if group.capacity_type == "SPOT" and rec.shape != first.shape:
+                               f"an EFA-capable type while efa is true: {', '.join(catalog.efa_types())}")
+            if rec.network_cards != first.network_cards:
                 raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
-                               f"a type of the spot pool's GPU shape {first.shape.describe()} "
-                               f"like {first.name} "
-                               f"(it is {rec.shape.describe()}; put other shapes in their own group)")
-        if group.efa:
-            for j, rec in enumerate(types):
-                if not rec.efa:
-                    raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
-                                   f"an EFA-capable type while efa is true: {', '.join(catalog.efa_types())}")
-                if rec.network_cards != first.network_cards:
-                    raise _problem(f"{base}.instanceTypes[{j}]", rec.name,
-                                   f"a type with {first.network_cards} network cards like {first.name} "
-                                   "(one launch template, one EFA interface layout)")
-        if group.capacity_type == "CAPACITY_BLOCK":
-            if group.capacity_reservation_id is None:
-                raise _problem(f"{base}.capacityReservationId", _MISSING,
-                               "the id (cr-...) of the Capacity Block the CAPACITY_BLOCK group launches into")
-            if len(group.instance_types) != 1:
-                raise _problem(f"{base}.instanceTypes", group.instance_types,
-                               "exactly one instance type, the Capacity Block's, for a CAPACITY_BLOCK group")
-        if group.capacity_reservation_id is not None:
-            if group.capacity_type == "SPOT":
-                raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
-                               "null for SPOT groups (reservations are on-demand capacity)")
-            if len(group.instance_types) != 1:
-                raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
-                               "null unless the group has exactly one instance type (a reservation has one)")
-            if group.efa and group.placement_group:
-                raise _problem(f"{base}.placementGroup", True,
-                               "false with a capacityReservationId (a forced cluster placement group "
-                               "conflicts with reserved capacity)")
-        if group.min_size != 0:  # infra-compute: the cost guard returns idle GPU groups to minSize
-            raise _problem(f"{base}.minSize", group.min_size,
-                           "0 (GPU node groups scale to zero when idle; set desiredSize for nodes at start)")
-        _check_counts(base, group)
+                               f"a type with {first.network_cards} network cards like {first.name} "
+                               "(one launch template, one EFA interface layout)")
+    if group.capacity_type == "CAPACITY_BLOCK":
+        if group.capacity_reservation_id is None:
+            raise _problem(f"{base}.capacityReservationId", _MISSING,
+                           "the id (cr-...) of the Capacity Block the CAPACITY_BLOCK group launches into")
+        if len(group.instance_types) != 1:
+            raise _problem(f"{base}.instanceTypes", group.instance_types,
+                           "exactly one instance type, the Capacity Block's, for a CAPACITY_BLOCK group")
+    if group.capacity_reservation_id is not None:
+        if group.capacity_type == "SPOT":
+            raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
+                           "null for SPOT groups (reservations are on-demand capacity)")
+        if len(group.instance_types) != 1:
+            raise _problem(f"{base}.capacityReservationId", group.capacity_reservation_id,
+                           "null unless the group has exactly one instance type (a reservation has one)")
+        if group.efa and group.placement_group:
+            raise _problem(f"{base}.placementGroup", True,
+                           "false with a capacityReservationId (a forced cluster placement group "
+                           "conflicts with reserved capacity)")
+    if group.min_size != 0:  # infra-compute: the cost guard returns idle GPU groups to minSize
+        raise _problem(f"{base}.minSize", group.min_size,
+                       "0 (GPU node groups scale to zero when idle; set desiredSize for nodes at start)")
+    _check_counts(base, group)
 
 
 # --------------------------------------------------------------------------------------------
