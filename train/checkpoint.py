@@ -68,6 +68,24 @@ def load(f) -> dict:
     return torch.load(f, map_location="cpu", weights_only=True)
 
 
+def tensor_bytes(state) -> int:
+    """The bytes of the tensors in `state` (each storage once): about what torch.save writes."""
+    storages: dict[int, int] = {}
+
+    def visit(x) -> None:
+        if isinstance(x, torch.Tensor):
+            storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                visit(v)
+
+    visit(state)
+    return sum(storages.values())
+
+
 class SerializedStream:
     """torch.save's bytes as a readable stream, never whole in memory: a thread saves into a pipe, and
     read() hashes and counts what passes. read() raises WriteCancelled once `cancelled` is set, and
@@ -154,7 +172,7 @@ class CheckpointStore:
         self._written.setdefault(step, set()).discard(MANIFEST)
         stream = SerializedStream(state, cancelled)
         try:
-            self.store.upload(f"{d}/{STATE}", stream)
+            self.store.upload(f"{d}/{STATE}", stream, size_hint=tensor_bytes(state))
         finally:
             stream.close()
         self._written[step].add(STATE)

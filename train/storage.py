@@ -24,9 +24,13 @@ S3_READ_TIMEOUT_S = 60
 # Large objects (checkpoints) go up in parallel multipart parts and come down in parallel ranged GETs
 # through boto3's transfer manager (s3transfer). AWS recommends multipart from ~100 MB and refuses a
 # single PUT over 5 GB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpuoverview.html); parts
-# are 5 MiB to 5 GiB, at most 10,000 of them. 64 MiB parts x 8 in flight keep ~0.5 GiB in memory and
-# cover states up to 625 GiB. RINGTRAIN_S3_PART_MIB sets another part size (5 to 5120).
-S3_PART_BYTES = 64 << 20
+# are 5 MiB to 5 GiB, at most 10,000 of them. 16 MiB parts, a typical byte-range size that restores
+# should align with (https://docs.aws.amazon.com/whitepapers/latest/s3-optimizing-performance-best-
+# practices/use-byte-range-fetches.html), x 8 in flight; larger for states over ~140 GiB (a stream's
+# size is not known up front, so the writer passes the state's tensor bytes as a hint).
+# RINGTRAIN_S3_PART_MIB sets another part size (5 to 5120).
+S3_PART_BYTES = 16 << 20
+S3_MAX_PARTS = 9_000  # of S3's 10,000: room for what torch.save adds to the tensors' bytes
 S3_PART_ENV = "RINGTRAIN_S3_PART_MIB"
 S3_CONCURRENCY = 8
 _COPY_CHUNK = 8 << 20
@@ -60,7 +64,7 @@ class Store:
         """Every key under `prefix` (recursively), sorted."""
         raise NotImplementedError
 
-    def upload(self, key: str, source: BinaryIO) -> None:
+    def upload(self, key: str, source: BinaryIO, size_hint: int = 0) -> None:
         """Store everything `source` yields until EOF under `key`, streaming: a failure (an error
         `source.read` raises included) leaves no object and nothing half-uploaded behind."""
         raise NotImplementedError
@@ -110,7 +114,7 @@ class LocalStore(Store):
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def upload(self, key: str, source: BinaryIO) -> None:
+    def upload(self, key: str, source: BinaryIO, size_hint: int = 0) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -226,18 +230,23 @@ class S3Store(Store):
     def put(self, key: str, data: bytes) -> None:
         self._call(self._client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
 
-    def _transfers(self):
+    def part_size(self, size_hint: int = 0) -> int:
+        """The configured part size, or a larger one (whole MiB) where the hint needs more than
+        S3_MAX_PARTS of it."""
+        return max(self.part_bytes, -(-size_hint // S3_MAX_PARTS // (1 << 20)) << 20)
+
+    def _transfers(self, part_bytes: int):
         from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-        config = TransferConfig(multipart_threshold=self.part_bytes, multipart_chunksize=self.part_bytes,
+        config = TransferConfig(multipart_threshold=part_bytes, multipart_chunksize=part_bytes,
                                 max_concurrency=S3_CONCURRENCY)
         return create_transfer_manager(self._client, config)
 
-    def upload(self, key: str, source: BinaryIO) -> None:
+    def upload(self, key: str, source: BinaryIO, size_hint: int = 0) -> None:
         # s3transfer reads a non-seekable source a part at a time, uploads the parts in parallel and,
         # when anything fails, aborts the multipart upload (its CreateMultipartUploadTask registers
         # abort_multipart_upload as the transfer's failure cleanup, run before result() returns).
-        with self._transfers() as transfers:
+        with self._transfers(self.part_size(size_hint)) as transfers:
             future = transfers.upload(source, self.bucket, self._key(key))
             try:
                 future.result()
@@ -255,7 +264,7 @@ class S3Store(Store):
         if not size:
             raise ValueError(f"{self.uri}/{key} is empty")
         out = mmap.mmap(-1, size)
-        with self._transfers() as transfers:  # ranged GETs, written at their offsets
+        with self._transfers(self.part_bytes) as transfers:  # ranged GETs, written at their offsets
             self._call_missing(key, transfers.download(self.bucket, self._key(key), out).result)
         out.seek(0)
         return out

@@ -112,8 +112,8 @@ def test_a_checkpoint_costs_two_puts_and_at_most_one_batch_delete(checkpoints, m
     for name in ("put", "upload", "list", "delete", "delete_many"):
         real = getattr(checkpoints.store, name)
         monkeypatch.setattr(checkpoints.store, name,
-                            lambda *a, _name=name, _real=real: (calls.append((_name, a[0] if a else "")),
-                                                                _real(*a))[1])
+                            lambda *a, _name=name, _real=real, **kw: (
+                                calls.append((_name, a[0] if a else "")), _real(*a, **kw))[1])
     checkpoints.write(10, _state(10))
     assert [c[0] for c in calls] == ["list", "upload", "put"]
     calls.clear()
@@ -152,7 +152,8 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
     order = []
     real_put, real_upload = store.put, store.upload
     monkeypatch.setattr(store, "put", lambda key, data: (order.append(key), real_put(key, data)))
-    monkeypatch.setattr(store, "upload", lambda key, src: (order.append(key), real_upload(key, src)))
+    monkeypatch.setattr(store, "upload",
+                        lambda key, src, **kw: (order.append(key), real_upload(key, src, **kw)))
     ckpt.CheckpointStore(store, keep=1).write(5, _state(5))
     assert order == ["step-000000005/state.pt", "step-000000005/manifest.json"]
     manifest = json.loads((tmp_path / "step-000000005" / "manifest.json").read_text())
@@ -297,3 +298,14 @@ def test_a_local_write_never_holds_the_whole_state_in_memory(tmp_path):
         tracemalloc.stop()
     assert peak < 20 << 20, f"peak {peak / 2**20:.0f} MiB for a 40 MiB state"
     assert torch.equal(checkpoints.latest_valid().state["w"], state["w"])
+
+
+def test_parts_grow_where_a_state_would_need_more_than_s3_allows(monkeypatch):
+    monkeypatch.delenv("RINGTRAIN_S3_PART_MIB", raising=False)
+    store = open_store("s3://b/ck", "http://127.0.0.1:9")
+    assert store.part_size() == store.part_size(10 << 30) == 16 << 20  # 640 parts of 16 MiB
+    big = store.part_size(1 << 40)  # 1 TiB: 16 MiB parts would be 65,536 of them
+    assert big % (1 << 20) == 0 and (1 << 40) / big <= 9_000
+    state = {"a": torch.ones(10), "tied": [torch.ones(10)], "b": torch.ones(4, dtype=torch.float16)}
+    state["again"] = state["a"]
+    assert ckpt.tensor_bytes(state) == 40 + 40 + 8
