@@ -11,7 +11,7 @@ import signal
 import time
 
 # Seconds a stop may take from SIGTERM: the image's entrypoint gives the trainers
-# RINGTRAIN_STOP_GRACE_S (default 100, image/entrypoint.py) of the pod's 120 s grace period.
+# RINGTRAIN_STOP_GRACE_S (default 100, image/ringtrain_entry/settings.py) of the pod's 120 s grace period.
 STOP_BUDGET_ENV = "RINGTRAIN_STOP_GRACE_S"
 DEFAULT_STOP_BUDGET_S = 100.0
 

@@ -200,3 +200,13 @@ def test_commit_every_reaches_the_config_and_must_be_positive():
     assert parse_args(["--commit-every", "50"]).horovod.commit_every == 50
     with pytest.raises(BadInput, match="--commit-every 0: must be >= 1"):
         parse_args(["--commit-every", "0"])
+
+
+def test_the_stop_budget_is_the_entrypoints_grace(monkeypatch):
+    """The trainer measures a stop's checkpoint against the seconds the image's entrypoint gives it."""
+    from tests.image.helpers import load_entry_module
+    from train.stop import DEFAULT_STOP_BUDGET_S, stop_budget_s
+
+    assert DEFAULT_STOP_BUDGET_S == load_entry_module("settings").DEFAULT_STOP_GRACE_S
+    assert stop_budget_s({}) == DEFAULT_STOP_BUDGET_S
+    assert stop_budget_s({"RINGTRAIN_STOP_GRACE_S": "60"}) == 60
