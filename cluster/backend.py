@@ -7,6 +7,14 @@
     result = backend.wait(handle) final status, exit code and collected results
     backend.down()                tear the compute down (always safe to call twice)
 
+Two optional capabilities, typed as Protocols so the flow asks for them by name (isinstance) rather
+than probing attributes:
+
+    Progress        backend.progress(handle)   the trainer's latest metrics record while a job runs
+    FaultInjection  backend.live_host_names() / reclaim(host) / restore(host)   spot-style faults
+
+The local backend has both; the AWS backend neither (EC2 reclaims spot nodes by itself there).
+
 `run_job` is the flow `scripts/run` drives, with the teardown guaranteed.
 """
 
@@ -15,7 +23,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from cluster.job import JobSpec
 from train.summary import RunSummary
@@ -83,3 +91,27 @@ class Backend(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.down()
+
+
+@runtime_checkable
+class Progress(Protocol):
+    """A backend that can say how far a running job is."""
+
+    def progress(self, handle: JobHandle) -> dict[str, Any] | None:
+        """The trainer's latest metrics record (step, loss, samples_per_sec, world_size), if any."""
+        ...
+
+
+@runtime_checkable
+class FaultInjection(Protocol):
+    """A backend that can take a host away the way EC2 reclaims a spot node, and bring it back."""
+
+    def live_host_names(self) -> list[str]: ...
+
+    def reclaim(self, host: str) -> None:
+        """SIGTERM to the host's workers, then the host goes away (blocks for the grace period)."""
+        ...
+
+    def restore(self, host: str) -> None:
+        """The host comes back under the same name (a spot node group's replacement node)."""
+        ...

@@ -9,8 +9,8 @@ submitted again and the trainer resumes from its latest checkpoint, up to `max_r
 Teardown (`backend.down()`) always runs, on errors and on Ctrl-C / SIGTERM too, unless the caller
 asked to keep the cluster up.
 
-Fault injection (`reclaim_at_step`) needs a backend with `reclaim(host)` / `restore(host)` and
-`progress(handle)`; the local backend has them.
+Fault injection (`reclaim_at_step`) needs a backend with the FaultInjection and Progress capabilities
+(cluster/backend.py); the local backend has them. A backend with Progress gets a progress bar.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
+from cluster.backend import Backend, BackendError, FaultInjection, JobHandle, JobResult, Progress, Storage
 from cluster.job import JobSpec
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 from train.summary import RunSummary
@@ -61,10 +61,27 @@ class FlowOptions:
 
 @dataclass
 class Attempt:
+    """One submission of the job, as the run report needs it."""
+
     exit_code: int | None
     summary: RunSummary | None
     hosts: list[str]
     message: str = ""
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # the trainer's JSON-lines records
+    started_at: float = 0.0   # epoch seconds: before submit (nodes scaled and awaited on AWS) ...
+    ended_at: float = 0.0     # ... to the job's end
+    node_group: str | None = None           # AWS: the node group it ran on, its types and capacity
+    instance_types: tuple[str, ...] = ()
+    capacity_type: str | None = None
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """The injected fault: `host` reclaimed once training reached `step`, at `at` (epoch seconds)."""
+
+    host: str
+    step: int
+    at: float
 
 
 @dataclass
@@ -78,6 +95,7 @@ class FlowResult:
     reclaimed: list[str]
     storage: Storage | None
     message: str = ""
+    reclaims: list[Reclaim] = field(default_factory=list)
 
     @property
     def resumed(self) -> bool:
@@ -236,41 +254,137 @@ def _signals_raise_interrupt():
             signal.signal(sig, previous)
 
 
+class _Reclaimer:
+    """The planned fault: once training reaches `at_step`, reclaim one host (once per run), and bring
+    it back after `restore_after_s` or, at the latest, before the job is resubmitted.
+
+    A reclaim blocks for the workers' grace period, so it runs in a thread while the flow follows
+    the job on; so does a delayed restore."""
+
+    def __init__(self, backend: FaultInjection, opts: FlowOptions, at_step: int,
+                 out: Callable[[str], None]):
+        self.backend, self.opts, self.at_step, self.out = backend, opts, at_step, out
+        self.reclaims: list[Reclaim] = []
+        self._fired = False
+        self._stopping = threading.Event()   # tells a pending delayed restore not to start
+        self._reclaim_threads: list[threading.Thread] = []
+        self._restore_threads: list[threading.Thread] = []
+
+    def at(self, step: int) -> None:
+        """Called with the job's progress: fires the reclaim the first time `step` reaches the plan."""
+        if self._fired or step < self.at_step:
+            return
+        self._fired = True
+        self._start(self._reclaim_threads, self._reclaim, step, name="reclaim")
+
+    @staticmethod
+    def _start(threads: list[threading.Thread], target: Callable[..., None], *args: Any, name: str) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    def _reclaim(self, step: int) -> None:
+        live = self.backend.live_host_names()
+        host = self.opts.reclaim_host or (live[-1] if live else None)
+        if host is None:
+            return
+        self.out(f"fault injection: reclaiming {host} (spot-style: SIGTERM, then the host goes away)")
+        at = time.time()
+        try:
+            self.backend.reclaim(host)
+        except BackendError as e:
+            self.out(f"fault injection failed: {e}")
+            return
+        self.reclaims.append(Reclaim(host=host, step=step, at=at))
+        if self.opts.restore_after_s is not None:
+            self._start(self._restore_threads, self._restore_later, host, name="restore")
+
+    def _restore_later(self, host: str) -> None:
+        if self._stopping.wait(self.opts.restore_after_s):
+            return
+        with contextlib.suppress(BackendError):
+            self.backend.restore(host)
+
+    def wait_for_reclaim(self) -> None:
+        """The job may end before the reclaim has finished taking the host away."""
+        for thread in self._reclaim_threads:
+            thread.join(timeout=300)
+
+    def wait_for_restores(self) -> None:
+        """Before a resubmit: a delayed restore under way finishes first."""
+        for thread in self._restore_threads:
+            thread.join(timeout=(self.opts.restore_after_s or 0) + 60)
+
+    def restore_for_resubmit(self) -> None:
+        """A spot node group replaces a reclaimed node; here the reclaimed host comes back."""
+        live = self.backend.live_host_names()
+        for record in self.reclaims:
+            if record.host not in live:
+                self.backend.restore(record.host)
+
+    def stop(self) -> None:
+        """Teardown is next: no delayed restore starts any more; wait for the threads to end."""
+        self._stopping.set()
+        for thread in self._reclaim_threads + self._restore_threads:
+            thread.join(timeout=60)
+
+
+class _ProgressBar:
+    """tqdm's bar over the steps, fed from the backend's progress records (absent: no bar)."""
+
+    def __init__(self, job_name: str, total_steps: int | None, enabled: bool):
+        self._bar = None
+        if enabled and total_steps:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, unit="step", desc=job_name, dynamic_ncols=True,
+                             file=sys.stderr, mininterval=0.5)
+
+    def write(self, text: str, out: Callable[[str], None]) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            out(text)
+
+    def show(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", 0))
+        if self._bar is None or step == self._bar.n:
+            return
+        self._bar.n = step
+        self._bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}",
+                              workers=record.get("world_size", "?"), refresh=False)
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 class _Follower:
-    """Follows one attempt: echoes log lines, draws progress, fires the planned reclaim."""
+    """Follows one attempt: echoes its log lines (a thread), polls its progress for the bar and the
+    planned reclaim, until the log ends or the job's time is up."""
 
     def __init__(self, backend: Backend, handle: JobHandle, job: JobSpec, opts: FlowOptions,
-                 out: Callable[[str], None], reclaim: Callable[[], None] | None):
+                 out: Callable[[str], None], reclaimer: _Reclaimer | None):
         self.backend, self.handle, self.job, self.opts, self.out = backend, handle, job, opts, out
-        self.reclaim = reclaim
-        self.fault_thread: threading.Thread | None = None   # the reclaim, once fired
-        self.bar = None
+        self.reclaimer = reclaimer
+        self.progress = backend if isinstance(backend, Progress) else None
+        self.bar = _ProgressBar(job.name, _steps_of(job), opts.progress_bar and self.progress is not None)
         self._done = threading.Event()
         self.tail: collections.deque[str] = collections.deque(maxlen=25)
         self._log_thread = threading.Thread(target=self._echo, daemon=True)
-
-    def _write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            self.out(text)
 
     def _echo(self) -> None:
         try:
             for line in self.backend.logs(self.handle):
                 self.tail.append(line)
                 if self.opts.echo_logs or is_trainer_message(line):
-                    self._write(f"  | {line}")
+                    self.bar.write(f"  | {line}", self.out)
         finally:
             self._done.set()
 
-    def run(self, total_steps: int | None) -> None:
-        progress = getattr(self.backend, "progress", None)
-        if self.opts.progress_bar and progress is not None and total_steps:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total_steps, unit="step", desc=self.job.name, dynamic_ncols=True,
-                            file=sys.stderr, mininterval=0.5)
+    def run(self) -> None:
         self._log_thread.start()
         deadline = time.monotonic() + self.opts.job_timeout_s
         try:
@@ -278,25 +392,14 @@ class _Follower:
                 if time.monotonic() > deadline:
                     raise BackendError(
                         f"job {self.job.name} did not finish within {self.opts.job_timeout_s:g}s")
-                rec = progress(self.handle) if progress is not None else None
-                if rec is None:
+                record = self.progress.progress(self.handle) if self.progress is not None else None
+                if record is None:
                     continue
-                step = int(rec.get("step", 0))
-                if self.bar is not None and step != self.bar.n:
-                    self.bar.n = step
-                    self.bar.set_postfix(loss=f"{rec.get('loss', float('nan')):.4f}",
-                                         workers=rec.get("world_size", "?"), refresh=False)
-                    self.bar.refresh()
-                if self.reclaim is not None and self.opts.reclaim_at_step is not None \
-                        and step >= self.opts.reclaim_at_step:
-                    fire, self.reclaim = self.reclaim, None
-                    # In a thread: the reclaim waits out the workers' grace period while we follow on.
-                    self.fault_thread = threading.Thread(target=fire, name="reclaim", daemon=True)
-                    self.fault_thread.start()
+                self.bar.show(record)
+                if self.reclaimer is not None:
+                    self.reclaimer.at(int(record.get("step", 0)))
         finally:
-            if self.bar is not None:
-                self.bar.close()
-                self.bar = None
+            self.bar.close()
 
 
 def _steps_of(job: JobSpec) -> int | None:
@@ -308,22 +411,49 @@ def _steps_of(job: JobSpec) -> int | None:
     return None
 
 
+def _reclaimer_for(backend: Backend, opts: FlowOptions, out: Callable[[str], None]) -> _Reclaimer | None:
+    """The planned fault, or None; a backend that cannot inject it fails here, before anything starts."""
+    if opts.reclaim_at_step is None:
+        return None
+    if not (isinstance(backend, FaultInjection) and isinstance(backend, Progress)):
+        raise BackendError(f"the {backend.name} backend cannot inject faults (reclaim/restore); "
+                           "drop the reclaim option")
+    return _Reclaimer(backend, opts, opts.reclaim_at_step, out)
+
+
+def _attempt_of(handle: JobHandle, result: JobResult, hosts: list[str], started_at: float) -> Attempt:
+    details = handle.details
+    return Attempt(result.exit_code, result.summary, hosts, result.message, metrics=result.metrics,
+                   started_at=started_at, ended_at=time.time(), node_group=details.get("node_group"),
+                   instance_types=tuple(details.get("instance_types", ())),
+                   capacity_type=details.get("capacity_type"))
+
+
+def _show_failure(attempt_no: int, result: JobResult, follower: _Follower,
+                  out: Callable[[str], None]) -> None:
+    out(f"attempt {attempt_no} failed (exit code {result.exit_code}); its last output:")
+    for line in without_launcher_traceback(list(follower.tail)):
+        out(f"  | {line}")
+
+
+def _teardown(backend: Backend, completed: bool, out: Callable[[str], None]) -> None:
+    with _ignore_interrupts():
+        try:
+            backend.down()
+        except Exception as e:
+            if completed:
+                raise
+            # Already failing: report the teardown problem, keep the original error.
+            out(f"teardown after the failure also failed: {e}")
+
+
 def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
             out: Callable[[str], None] = print) -> FlowResult:
     """Run `job` on `backend` from stand-up to teardown; see the module docstring."""
     opts = opts or FlowOptions()
-    injects = opts.reclaim_at_step is not None
-    fault_api = ("reclaim", "restore", "progress", "live_host_names")
-    if injects and not all(hasattr(backend, a) for a in fault_api):
-        raise BackendError(f"the {backend.name} backend cannot inject faults (reclaim/restore); "
-                           "drop the reclaim option")
+    reclaimer = _reclaimer_for(backend, opts, out)
     attempts: list[Attempt] = []
-    reclaimed: list[str] = []
     storage: Storage | None = None
-    last: JobResult | None = None
-    restore_threads: list[threading.Thread] = []
-    fault_threads: list[threading.Thread] = []
-    stopping = threading.Event()   # tells a pending delayed restore not to start once we tear down
     completed = False
     with _signals_raise_interrupt():
         try:
@@ -332,84 +462,49 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
             ensure_dataset(storage, opts.dataset, out=out)
             job = dataclasses.replace(job, trainer_args=trainer_args_for(job, storage),
                                       env={**storage.env, **job.env})
-            total = _steps_of(job)
-
-            def do_reclaim() -> None:
-                live = backend.live_host_names()  # type: ignore[attr-defined]
-                host = opts.reclaim_host or (live[-1] if live else None)
-                if host is None:
-                    return
-                out(f"fault injection: reclaiming {host} (spot-style: SIGTERM, then the host goes away)")
-                try:
-                    backend.reclaim(host)  # type: ignore[attr-defined]
-                except BackendError as e:
-                    out(f"fault injection failed: {e}")
-                    return
-                reclaimed.append(host)
-                if opts.restore_after_s is not None:
-                    def later() -> None:
-                        if stopping.wait(opts.restore_after_s):
-                            return
-                        with contextlib.suppress(BackendError):
-                            backend.restore(host)  # type: ignore[attr-defined]
-                    t = threading.Thread(target=later, name="restore", daemon=True)
-                    restore_threads.append(t)
-                    t.start()
-
             for attempt_no in range(1, opts.max_resubmits + 2):
+                started_at = time.time()
                 handle = backend.submit(job)
                 hosts = list(handle.details.get("hosts", []))
                 out(f"attempt {attempt_no}: submitted {job.name} on {', '.join(hosts) or backend.name}")
-                follower = _Follower(backend, handle, job, opts, out,
-                                     do_reclaim if injects and not fault_threads else None)
-                try:
-                    follower.run(total)
-                finally:
-                    if follower.fault_thread is not None:
-                        fault_threads.append(follower.fault_thread)
+                follower = _Follower(backend, handle, job, opts, out, reclaimer)
+                follower.run()
                 last = backend.wait(handle, timeout_s=opts.job_timeout_s)
-                # The job may end before the reclaim has finished taking the host away.
-                for t in fault_threads:
-                    t.join(timeout=300)
-                attempts.append(Attempt(last.exit_code, last.summary, hosts, last.message))
+                if reclaimer is not None:
+                    reclaimer.wait_for_reclaim()
+                attempts.append(_attempt_of(handle, last, hosts, started_at))
                 if last.exit_code not in (0, EXIT_INTERRUPTED_RESUMABLE) and not opts.echo_logs:
-                    out(f"attempt {attempt_no} failed (exit code {last.exit_code}); its last output:")
-                    for line in without_launcher_traceback(list(follower.tail)):
-                        out(f"  | {line}")
+                    _show_failure(attempt_no, last, follower, out)
                 if last.exit_code != EXIT_INTERRUPTED_RESUMABLE:
                     break
-                for t in restore_threads:
-                    t.join(timeout=(opts.restore_after_s or 0) + 60)
+                if reclaimer is not None:
+                    reclaimer.wait_for_restores()
                 if attempt_no > opts.max_resubmits:
                     break
-                # A spot node group replaces a reclaimed node; here the reclaimed host comes back.
-                for host in reclaimed:
-                    if host not in backend.live_host_names():  # type: ignore[attr-defined]
-                        backend.restore(host)  # type: ignore[attr-defined]
+                if reclaimer is not None:
+                    reclaimer.restore_for_resubmit()
                 out(f"attempt {attempt_no} was interrupted after a checkpoint: resubmitting to resume")
-            assert last is not None
-            message = last.message if not last.succeeded else ""
-            if last.exit_code == EXIT_BAD_INPUT:
-                message = f"bad input: {last.message}"
             completed = True
-            return FlowResult(job=job.name, succeeded=last.succeeded, exit_code=last.exit_code,
-                              attempts=attempts, summary=last.summary, metrics=last.metrics,
-                              reclaimed=reclaimed, storage=storage, message=message)
+            return _result_of(job, attempts, last, reclaimer, storage)
         except KeyboardInterrupt:
             raise FlowInterrupted("interrupted: tearing down") from None
         finally:
-            stopping.set()
-            for t in fault_threads + restore_threads:
-                t.join(timeout=60)
+            if reclaimer is not None:
+                reclaimer.stop()
             if not opts.keep_up:
-                with _ignore_interrupts():
-                    try:
-                        backend.down()
-                    except Exception as e:
-                        if completed:
-                            raise
-                        # Already failing: report the teardown problem, keep the original error.
-                        out(f"teardown after the failure also failed: {e}")
+                _teardown(backend, completed, out)
+
+
+def _result_of(job: JobSpec, attempts: list[Attempt], last: JobResult, reclaimer: _Reclaimer | None,
+               storage: Storage | None) -> FlowResult:
+    message = last.message if not last.succeeded else ""
+    if last.exit_code == EXIT_BAD_INPUT:
+        message = f"bad input: {last.message}"
+    return FlowResult(job=job.name, succeeded=last.succeeded, exit_code=last.exit_code,
+                      attempts=attempts, summary=last.summary, metrics=last.metrics,
+                      reclaimed=[r.host for r in reclaimer.reclaims] if reclaimer else [],
+                      storage=storage, message=message,
+                      reclaims=list(reclaimer.reclaims) if reclaimer else [])
 
 
 @contextlib.contextmanager

@@ -173,8 +173,11 @@ class AwsBackend(Backend):
         self._k().apply(manifest)
         self._log(f"submitted MPIJob {namespace}/{job.name} on node group {group.name}")
         hosts = worker_hostnames(job, namespace)
+        # The node group's types and capacity type price the run's node-hours (cluster/run_cost.py).
         return JobHandle(name=job.name, backend=self.name,
-                         details={"namespace": namespace, "log": [], "hosts": hosts})
+                         details={"namespace": namespace, "log": [], "hosts": hosts,
+                                  "node_group": group.name, "instance_types": list(group.instance_types),
+                                  "capacity_type": group.capacity_type})
 
     def logs(self, handle: JobHandle) -> Iterator[str]:
         namespace = handle.details["namespace"]

@@ -187,6 +187,46 @@ def test_one_reclaim_per_run_and_the_resubmit_waits_for_it(object_store, dataset
         "restore host-1",                   # the replacement node, before the resume
         "submit ['host-0', 'host-1']",      # the second attempt does not reclaim again
     ]
+    # the report's marks: which host, at which step of training
+    assert [(rec.host, rec.step) for rec in r.reclaims] == [("host-1", 5)]
+    assert r.attempts[0].started_at <= r.reclaims[0].at <= r.attempts[0].ended_at
+
+
+def test_backend_capabilities_are_typed_protocols():
+    from cluster.aws.backend import AwsBackend
+    from cluster.backend import FaultInjection, Progress
+    from cluster.local.backend import LocalBackend
+
+    local = LocalBackend(2, log=lambda m: None)   # not started: the capabilities are its methods
+    assert isinstance(local, FaultInjection) and isinstance(local, Progress)
+    aws = AwsBackend("dev")
+    assert not isinstance(aws, FaultInjection) and not isinstance(aws, Progress)
+    assert isinstance(ReclaimingBackend(None, "b", []), FaultInjection)
+    assert not isinstance(ScriptedBackend(None, "b", []), FaultInjection)
+
+
+def test_attempts_carry_what_the_run_report_needs(object_store, dataset_bucket):
+    """Each attempt's times, metrics records and (on AWS) node group, for the picture and the cost."""
+
+    class NodeGroupBackend(ScriptedBackend):
+        def submit(self, job):
+            handle = super().submit(job)
+            handle.details.update(node_group="a10g-spot", instance_types=["g5.12xlarge"],
+                                  capacity_type="SPOT")
+            return handle
+
+        def wait(self, handle, timeout_s=None):
+            result = super().wait(handle, timeout_s)
+            result.metrics = [{"step": 10, "loss": 0.5}]
+            return result
+
+    b = NodeGroupBackend(object_store, dataset_bucket, [(0, {"steps": 10})])
+    before = time.time()
+    r = run_job(b, JOB, OPTS, out=lambda m: None)
+    [a] = r.attempts
+    assert before <= a.started_at <= a.ended_at <= time.time()
+    assert a.metrics == [{"step": 10, "loss": 0.5}] and r.metrics == a.metrics
+    assert (a.node_group, a.instance_types, a.capacity_type) == ("a10g-spot", ("g5.12xlarge",), "SPOT")
 
 
 def test_a_failing_teardown_does_not_hide_the_original_error(object_store, dataset_bucket):
