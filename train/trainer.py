@@ -170,6 +170,7 @@ class Trainer:
         self.checkpoints_deferred = 0
         self.checkpoint_deferred_steps_max = 0
         self._deferred_since: int | None = None  # the due step of the checkpoint deferred now
+        self._checkpoint_steps: list[int] = []     # taken by rank 0 since the last metrics record
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -468,9 +469,14 @@ class Trainer:
                 self._deferred_since = None
             self.writer.submit(progress.step, self.checkpoint_state(progress, loss),
                                forward_changes=self.model.buffers())
+            self._checkpoint_steps.append(progress.step)
             if not self.copy_overlaps_step:
                 self.writer.copied()
         progress.last_checkpoint_step = progress.step
+
+    def _take_checkpoint_steps(self) -> list[int]:
+        steps, self._checkpoint_steps = self._checkpoint_steps, []
+        return steps
 
     def checkpoint_state(self, progress, loss: float | None) -> dict:
         return {
@@ -552,6 +558,8 @@ class Trainer:
                         "step": progress.step, "loss": mean,
                         "samples_per_sec": window_samples / max(now - t_window, 1e-9),
                         "lr": self.optimizer.param_groups[0]["lr"], "world_size": hvd.size(),
+                        # steps of the checkpoints taken since the previous record: the run report marks them
+                        "checkpoints": self._take_checkpoint_steps(),
                         "time": time.time(),
                     })
                 self.loss_sum = 0.0

@@ -155,6 +155,10 @@ def test_a_checkpoint_due_during_a_slow_write_is_deferred_and_training_does_not_
     steps = ckpt.CheckpointStore(open_store(str(ck)), keep=20).valid_steps()
     assert steps[0] == 10 and steps[-1] == 120 and any(k % 10 for k in steps), steps
     assert len(steps) == s.checkpoints_written
+    # the metrics records list every checkpoint at the step it was taken (deferred ones too), but the
+    # final one, taken after the last record (the run report reads them: cluster/report.py)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [c for rec in records for c in rec["checkpoints"]] + [120] == steps
     # a write apart, the final one aside
     assert all(b - a >= 40 for a, b in itertools.pairwise(steps[:-1])), steps
 

@@ -1,0 +1,147 @@
+"""The run report: what `ringtrain run` leaves in the run's directory beside the printed summary.
+
+    files = write_run_report(result, Path("runs/demo-20261206-060000"), costs)
+    files.picture   # report.png: loss and samples/s per step, checkpoints, the reclaim and the resume
+    files.summary   # summary.txt: the printed summary (and, on AWS, node-hours and cost)
+    files.metrics   # metrics.jsonl: every attempt's metrics records, each tagged with its attempt
+
+The picture is drawn from the trainer's metrics records (`--metrics-file`, JSON lines) and the flow's
+attempts (cluster/flow.py). Backends that do not bring the metrics back (AWS: they stay on the rank-0
+pod) get a picture of the attempts' outcome without the curves, and say so on it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster.flow import FlowResult, format_summary
+from cluster.run_cost import NodeGroupCost, format_costs
+from train.summary import RunSummary
+
+PICTURE_NAME = "report.png"
+SIZE_INCHES = (10.0, 7.0)
+DPI = 100
+
+
+@dataclass
+class AttemptSeries:
+    """One attempt's curves and marks, in steps."""
+
+    number: int
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    samples_per_sec: list[float] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
+    resumed_from: int | None = None
+
+
+@dataclass
+class ReportData:
+    attempts: list[AttemptSeries]
+    reclaims: list[tuple[int, str]]   # (step, host)
+    title: str
+
+
+def _checkpoint_steps(records: list[dict[str, Any]], summary: RunSummary | None) -> list[int]:
+    """The steps of the checkpoints an attempt took: each record lists those taken since the previous
+    one (`checkpoints`); the last is taken after the last record, at the attempt's last step, unless
+    one is already there (train/trainer.py, after the loop), so an attempt that wrote any ends on one."""
+    steps = {int(step) for r in records for step in r.get("checkpoints") or ()}
+    if summary is not None and summary.checkpoints_written:
+        steps.add(summary.steps)
+    return sorted(steps)
+
+
+def report_data(result: FlowResult) -> ReportData:
+    """What the picture shows, from the flow's result (pure)."""
+    series = []
+    for number, attempt in enumerate(result.attempts, 1):
+        records = [r for r in attempt.metrics if "loss" in r and "step" in r]   # not evaluation records
+        resumed_from = attempt.summary.resumed_from_step if attempt.summary is not None else None
+        s = AttemptSeries(number=number, resumed_from=resumed_from,
+                          checkpoints=_checkpoint_steps(attempt.metrics, attempt.summary))
+        for r in records:
+            s.steps.append(int(r["step"]))
+            s.loss.append(float(r["loss"]))
+            s.samples_per_sec.append(float(r.get("samples_per_sec", float("nan"))))
+        series.append(s)
+    state = "done" if result.succeeded else "FAILED"
+    title = (f"job {result.job}: {state} (exit code {result.exit_code}, "
+             f"{len(result.attempts)} attempt(s))")
+    return ReportData(series, [(r.step, r.host) for r in result.reclaims], title)
+
+
+def draw(data: ReportData, path: Path, costs: list[NodeGroupCost] | None = None) -> Path:
+    """Write the picture as PNG (matplotlib's Agg canvas: no display, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=SIZE_INCHES, dpi=DPI)
+    FigureCanvasAgg(fig)
+    loss_ax, speed_ax = fig.subplots(2, 1, sharex=True)
+    fig.suptitle(data.title)
+    colours = ["tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+    has_curves = any(s.steps for s in data.attempts)
+    for s in data.attempts:
+        colour = colours[(s.number - 1) % len(colours)]
+        label = f"attempt {s.number}" + (f" (resumed from {s.resumed_from})" if s.resumed_from else "")
+        if s.steps:
+            loss_ax.plot(s.steps, s.loss, color=colour, marker=".", label=label)
+            speed_ax.plot(s.steps, s.samples_per_sec, color=colour, marker=".", label=label)
+        for i, step in enumerate(s.checkpoints):
+            for ax in (loss_ax, speed_ax):
+                ax.axvline(step, color="grey", linestyle=":", linewidth=1,
+                           label="checkpoint" if i == 0 and s.number == 1 and ax is loss_ax else None)
+        if s.resumed_from is not None:
+            for ax in (loss_ax, speed_ax):
+                ax.axvline(s.resumed_from, color="tab:green", linestyle="--", linewidth=2,
+                           label=f"resume (attempt {s.number})" if ax is loss_ax else None)
+    for step, host in data.reclaims:
+        for ax in (loss_ax, speed_ax):
+            ax.axvline(step, color="tab:red", linestyle="--", linewidth=2,
+                       label=f"reclaim {host}" if ax is loss_ax else None)
+    loss_ax.set_ylabel("loss")
+    speed_ax.set_ylabel("samples/s")
+    speed_ax.set_xlabel("step")
+    for ax in (loss_ax, speed_ax):
+        ax.grid(True, alpha=0.3)
+    if not has_curves:
+        loss_ax.text(0.5, 0.5, "no per-step metrics from this backend", transform=loss_ax.transAxes,
+                     ha="center", va="center")
+    if loss_ax.get_legend_handles_labels()[0]:
+        loss_ax.legend(loc="upper right", fontsize="small")
+    if costs:
+        fig.text(0.01, 0.005, format_costs(costs).strip(), fontsize="x-small", va="bottom",
+                 family="monospace", parse_math=False)   # "$" is money here, not TeX
+    fig.tight_layout(rect=(0, 0.06 if costs else 0, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    picture: Path
+    summary: Path
+    metrics: Path
+
+
+def write_run_report(result: FlowResult, run_dir: Path,
+                     costs: list[NodeGroupCost] | None = None) -> RunFiles:
+    """Write the picture, the summary and every attempt's metrics into `run_dir` (created)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics = run_dir / "metrics.jsonl"
+    with metrics.open("w") as f:
+        for number, attempt in enumerate(result.attempts, 1):
+            for record in attempt.metrics:
+                f.write(json.dumps({"attempt": number, **record}) + "\n")
+    summary = run_dir / "summary.txt"
+    text = format_summary(result)
+    if costs:
+        text += "\n" + format_costs(costs)
+    summary.write_text(text + "\n")
+    picture = draw(report_data(result), run_dir / PICTURE_NAME, costs)
+    return RunFiles(picture=picture, summary=summary, metrics=metrics)
