@@ -1,4 +1,5 @@
-"""`python -m bench [--quick] [--sections ...]`: run the benchmarks, print a table, write JSON."""
+"""`ringtrain bench [--quick] [--sections ...]` (or `python -m bench`): run the benchmarks, print a table,
+write JSON."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ SECTIONS = {
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="scripts/bench", description="Run the benchmarks (ratios measured "
-                                "interleaved in one run); print a table; write bench/results/<name>.json.")
+def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description="Run the benchmarks (ratios measured "
+                                "interleaved in one run); print a table; write bench/results/<name>.json.",
+                                epilog=f"examples: {prog} --quick    {prog} --sections headline,recovery")
     p.add_argument("--quick", action="store_true", help="a short smoke run (1 repeat, few steps)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
@@ -61,8 +63,8 @@ def plan_for(args: argparse.Namespace) -> sections.Plan:
                                stall_repeats=args.repeats)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    args = parse_args(argv, prog)
     plan = plan_for(args)
 
     def progress(msg: str) -> None:
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "schema_version": results_mod.SCHEMA_VERSION,
         "name": args.name,
-        "command": f"scripts/bench {shlex.join(argv if argv is not None else sys.argv[1:])}".strip(),
+        "command": f"{prog} {shlex.join(argv if argv is not None else sys.argv[1:])}".strip(),
         "quick": args.quick,
         "started_at": _now(),
         "finished_at": "",

@@ -1,4 +1,4 @@
-"""`python -m cluster` is `python -m cluster.cli`."""
+"""`python -m cluster` is the `ringtrain` command (for where the console script is not on PATH)."""
 
 import sys
 

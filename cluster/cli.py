@@ -1,40 +1,83 @@
-"""`python -m cluster.cli run`: the project's main job, from stand-up to teardown.
+"""`ringtrain`: the project's one command (the package's console script; scripts/ wrap it).
 
-    python -m cluster.cli run                      local cluster, 2 hosts, spot-style reclaim mid-run
-    python -m cluster.cli run --elastic --hosts 3  elastic Horovod across 3 hosts
-    python -m cluster.cli run --backend aws --stack dev
+    ringtrain run                                the main job on a local 2-host cluster: train, a spot-style
+                                                 reclaim mid-run, the resume, a summary and a report picture
+    ringtrain run --backend aws --stack dev      the same flow on an AWS stack
+    ringtrain plan --stack dev                   offline: what the stack creates and costs
+    ringtrain up|down|status --stack dev         the stack's compute on, off, and its state
+    ringtrain submit --stack dev --job-name j --hosts 2 -- --steps 1000   an MPIJob on the stack
+    ringtrain logs --stack dev --job j           a submitted job's output
+    ringtrain data pack images --src photos/ --out s3://b/datasets/photos   your data as shards
+    ringtrain bench --quick                      the benchmarks (`python -m bench`)
 
-`scripts/run` bootstraps the environment and calls this.
+`ringtrain COMMAND --help` says more about each. `python -m cluster` is the same command.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from cluster.aws import cli as aws_cli
+from cluster.aws.plan import PlanError
 from cluster.backend import Backend, BackendError
-from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, format_summary, run_job
+from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, FlowResult, format_summary, run_job
 from cluster.job import JobSpec
+from cluster.usage import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from train.contract import EXIT_BAD_INPUT
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+if TYPE_CHECKING:
+    from cluster.local.backend import LocalBackend
 
 MODELS = ("mlp", "cnn")
-
-
-class UsageError(Exception):
-    """Arguments that parse but do not make sense together."""
+RUNS_DIR = Path("runs")   # run directories, relative to where `ringtrain run` is started
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cluster.cli", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="ringtrain",
+                                description="Stand a GPU training cluster up, train on it with Horovod, "
+                                            "tear it down: locally or on AWS.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_parser(sub)
+    aws_cli.add_parsers(sub)
+    add_passthrough(sub, "data", "datasets: generate the demo's, pack your own (python -m train.data)",
+                    "ringtrain data generate --out /tmp/ds --shards 4 --samples-per-shard 1024",
+                    _data_main)
+    add_passthrough(sub, "bench", "the benchmarks: ratios measured interleaved in one run (python -m bench)",
+                    "ringtrain bench --quick\n  ringtrain bench --sections headline", _bench_main)
+    return p
+
+
+def add_passthrough(sub: argparse._SubParsersAction, name: str, help: str, example: str,
+                    main: Callable[[list[str]], int]) -> None:
+    """A subcommand whose arguments (--help included) go to the module's own parser unchanged."""
+    sp = sub.add_parser(name, help=help, add_help=False, description=help,
+                        epilog=f"example: {example}")
+    sp.set_defaults(command_fn=None, passthrough=main)
+
+
+def _data_main(argv: list[str]) -> int:
+    from train.data import main
+
+    return main(argv, prog="ringtrain data")
+
+
+def _bench_main(argv: list[str]) -> int:
+    from bench.__main__ import main
+
+    return main(argv, prog="ringtrain bench")
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "run", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="stand a cluster up, train on it, show a spot reclaim and the resume, tear it down",
@@ -43,14 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
             "data-parallel training on it (the job is rendered as the MPIJob EKS would run, and locally\n"
             "executed the way the MPI Operator runs it: worker pods, /etc/mpi, the launcher's horovodrun),\n"
             "reclaim one host mid-run the way spot does (SIGTERM to its workers, then the host goes away),\n"
-            "resume from the checkpoint (or continue elastically), print a summary and tear down.\n\n"
+            "resume from the checkpoint (or continue elastically), print a summary and tear down. The run's\n"
+            "directory (--run-dir) gets a picture of the run (report.png), the summary and the metrics.\n\n"
             "Local backend: as root each worker host is a Linux network namespace with its own address and\n"
             "sshd; without root the hosts are processes on localhost (said at start-up). The object store\n"
             "is a moto S3 server with the AWS stack's bucket layout. Teardown always runs (Ctrl-C too).\n\n"
             "Arguments after `--` go to the trainer unchanged (see `python -m train --help`)."
         ),
-        epilog="example: scripts/run --hosts 3 --steps 400 --model cnn -- --lr 0.02",
+        epilog="examples:\n"
+               "  ringtrain run                                  2 local hosts, reclaim at step 150, resume\n"
+               "  ringtrain run --hosts 3 --steps 400 --model cnn -- --lr 0.02\n"
+               "  ringtrain run --elastic --hosts 3              elastic Horovod: no resubmit\n"
+               "  ringtrain run --backend aws --stack dev        the same flow on AWS",
     )
+    r.set_defaults(command_fn=cmd_run)
+
     where = r.add_argument_group("where it runs")
     where.add_argument("--backend", choices=("local", "aws"), default="local",
                        help="local: this machine (default); aws: the Pulumi stack named by --stack")
@@ -105,8 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     out = r.add_argument_group("output")
     out.add_argument("--verbose", action="store_true", help="show every line of the job's output")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--run-dir", type=Path, default=None,
+                     help="where the run's report goes: report.png, summary.txt, metrics.jsonl "
+                          "(default runs/<job-name>-<UTC time>)")
     r.add_argument("trainer_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return p
 
 
 def check_args(a: argparse.Namespace) -> None:
@@ -231,20 +283,39 @@ def check_environment(backend: str) -> None:
                            "environment into .venv)")
 
 
-def _wait_for_ctrl_c(backend: Backend) -> None:
+def _wait_for_ctrl_c(backend: LocalBackend) -> None:
     """Keep the local cluster up (its processes are ours) until Ctrl-C or SIGTERM, then tear down."""
     stop = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     try:
-        describe = getattr(backend, "describe", None)
-        if describe is not None:
-            print(describe())
+        print(backend.describe())
         print("cluster is up (--keep-up); press Ctrl-C to tear it down", flush=True)
         signal.sigwait(stop)
     finally:
         backend.down()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop)
         print("cluster torn down")
+
+
+def default_run_dir(job_name: str, now: datetime.datetime | None = None) -> Path:
+    now = now or datetime.datetime.now(datetime.UTC)
+    return RUNS_DIR / f"{job_name}-{now:%Y%m%d-%H%M%S}"
+
+
+def write_report(result: FlowResult, run_dir: Path, backend: str) -> None:
+    """The run's report beside the printed summary; on AWS with node-hours and their cost."""
+    from cluster.report import write_run_report
+    from cluster.run_cost import format_costs, node_group_costs
+
+    costs = None
+    if backend == "aws":
+        from infra.catalog import load_catalog
+
+        costs = node_group_costs(result.attempts, load_catalog().instance_types)
+        if costs:
+            print(format_costs(costs))
+    files = write_run_report(result, run_dir, costs)
+    print(f"  report             {files.picture} (summary and metrics beside it)")
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -254,6 +325,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     check_trainer_args(job)
     backend = make_backend(a)
     opts = options_from_args(a)
+    run_dir = a.run_dir or default_run_dir(job.name)
     try:
         from tqdm import tqdm
 
@@ -262,11 +334,18 @@ def cmd_run(a: argparse.Namespace) -> int:
         print("run: interrupted; the cluster was torn down", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(format_summary(result))
+    try:
+        write_report(result, run_dir, a.backend)
+    except OSError as e:   # the run itself is done: say so, and keep its exit code
+        print(f"run: warning: could not write the report into {run_dir}: {e}", file=sys.stderr)
     if a.keep_up:
-        if a.backend == "local":
+        from cluster.local.backend import LocalBackend
+
+        if isinstance(backend, LocalBackend):
             _wait_for_ctrl_c(backend)
         else:
-            print(f"stack {a.stack} stays up (--keep-up): tear it down with scripts/down")
+            print(f"stack {a.stack} stays up (--keep-up): "
+                  f"tear it down with `ringtrain down --stack {a.stack}`")
     if result.succeeded:
         return 0
     return EXIT_USAGE if result.exit_code == EXIT_BAD_INPUT else EXIT_FAILED
@@ -274,18 +353,19 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a, rest = parser.parse_known_args(argv)
+    if a.command_fn is None:
+        return a.passthrough(rest)   # data, bench: their own parsers take the rest, --help included
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        if a.command == "run":
-            return cmd_run(a)
+        return a.command_fn(a)
     except UsageError as e:
-        parser.exit(EXIT_USAGE, f"run: error: {e}\n")
-    except BackendError as e:
-        print(f"run: error: {e}", file=sys.stderr)
+        parser.exit(EXIT_USAGE, f"{a.command}: error: {e}\n")
+    except (BackendError, PlanError) as e:
+        print(f"{a.command}: error: {e}", file=sys.stderr)
         return EXIT_FAILED
-    parser.error(f"unknown command {a.command!r}")
+    except KeyboardInterrupt:
+        print(f"{a.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -183,10 +183,15 @@ class ShardedSampler:
         self.offset = int(state["offset"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> int:
     import os
 
-    p = argparse.ArgumentParser(prog="python -m train.data", description="Datasets for the trainer's tasks.")
+    p = argparse.ArgumentParser(
+        prog=prog, description="Datasets for the trainer's tasks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"examples:\n  {prog} generate --out /tmp/ds --shards 4 --samples-per-shard 1024\n"
+               f"  {prog} pack images --src photos/ --out s3://bucket/datasets/photos\n"
+               f"(`{prog} pack --help` says more)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="the demo task's dataset, to s3://bucket/prefix or a local directory")
     g.add_argument("--out", required=True, help="s3://bucket/prefix or /local/dir")

@@ -1,14 +1,7 @@
-"""`python -m cluster.aws.cli plan|up|down|status|submit`: the operator's commands for an AWS stack.
+"""`ringtrain plan|up|down|status|submit|logs`: the operator's commands for an AWS stack.
 
-    plan   --stack dev [--hours 24] [--json]        offline: node groups and cost (no AWS, no Pulumi)
-    up     --stack dev [--kubeconfig PATH]          compute on; kubeconfig written with mode 0600
-    down   --stack dev                              compute off; the data layer stays
-    down   --stack dev --delete-data [--confirm dev]  everything, data included, after a typed confirmation
-    status --stack dev [--json]                     config switches, last update, outputs (secrets hidden)
-    submit --stack dev --job-name j --hosts 2 ... [-- trainer args]   render and submit an MPIJob;
-           --dry-run prints the manifest instead (with --outputs FILE it needs no AWS at all)
-
-One training run from stand-up to teardown is `python -m cluster.cli run --backend aws --stack dev`.
+cluster/cli.py puts them into the one `ringtrain` command (add_parsers); scripts/plan, up, down and
+submit call them. One training run from stand-up to teardown is `ringtrain run --backend aws`.
 """
 
 from __future__ import annotations
@@ -16,19 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from cluster.aws.plan import PlanError
-from cluster.backend import BackendError
 from cluster.job import JobSpec
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Arguments that parse but do not make sense together."""
+from cluster.usage import EXIT_FAILED, UsageError
 
 
 def _positive_hours(text: str) -> float:
@@ -41,43 +25,55 @@ def _positive_hours(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cluster.aws.cli",
-                                description="The operator's commands for an AWS stack "
-                                            "(scripts/plan, up, down and submit call them).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add(sub: argparse._SubParsersAction, name: str, help: str, examples: str) -> argparse.ArgumentParser:
+    sp = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="examples:\n" + examples)
+    sp.add_argument("--stack", required=True, help="the Pulumi stack (Pulumi.<stack>.yaml), e.g. dev")
+    return sp
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
 
-    def with_stack(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--stack", required=True, help="the Pulumi stack (Pulumi.<stack>.yaml), e.g. dev")
-        return sp
-
-    plan = with_stack(add("plan", "offline: node groups and cost of a stack (no AWS, no Pulumi)"))
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """The AWS stack's subcommands, each dispatching to its cmd_* through `set_defaults(command_fn=)`."""
+    plan = _add(sub, "plan", "offline: node groups and cost of a stack (no AWS, no Pulumi)",
+                "  ringtrain plan --stack dev                  table\n"
+                "  ringtrain plan --stack prod --hours 48      price a 48-hour run at full scale\n"
+                "  ringtrain plan --stack dev --json           for machines")
     plan.add_argument("--hours", type=_positive_hours, default=24.0,
                       help="length of a run at full scale to price (default 24)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.set_defaults(command_fn=cmd_plan)
 
-    up = with_stack(add("up", "stand the stack's compute up (Pulumi CLI + AWS credentials)"))
+    up = _add(sub, "up", "stand the stack's compute up (Pulumi CLI + AWS credentials)",
+              "  ringtrain up --stack dev\n"
+              "  ringtrain up --stack dev --kubeconfig ~/.kube/dev.yaml")
     up.add_argument("--kubeconfig", type=Path,
                     help="where to write the kubeconfig (default ~/.kube/ringtrain-<stack>.yaml)")
+    up.set_defaults(command_fn=cmd_up)
 
-    down = with_stack(add("down", "remove the compute; the data layer stays"))
+    down = _add(sub, "down", "remove the compute; the data layer stays",
+                "  ringtrain down --stack dev\n"
+                "  ringtrain down --stack dev --delete-data --confirm dev   everything, data included")
     down.add_argument("--delete-data", action="store_true",
                       help="remove EVERYTHING including buckets, images and the KMS key "
                            "(asks for the stack name)")
     down.add_argument("--confirm", metavar="STACK",
                       help="with --delete-data: the stack name, for non-interactive use")
+    down.set_defaults(command_fn=cmd_down)
 
-    status = with_stack(add("status", "the stack's switches, last update and outputs, or a job's state"))
+    status = _add(sub, "status", "the stack's switches, last update and outputs, or a job's state",
+                  "  ringtrain status --stack dev\n"
+                  "  ringtrain status --stack dev --job resnet --json")
     status.add_argument("--job", metavar="NAME",
                         help="the state of this submitted job instead (needs kubectl)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(command_fn=cmd_status)
 
-    submit = with_stack(add("submit", "render the job as an MPIJob and submit it"))
+    submit = _add(sub, "submit", "render the job as an MPIJob and submit it",
+                  "  ringtrain submit --stack dev --job-name resnet --hosts 2 --follow \\\n"
+                  "      -- --model cnn --steps 1000\n"
+                  "  ringtrain submit --stack dev --job-name j --hosts 2 --dry-run --outputs outputs.json\n"
+                  "    (--dry-run with --outputs FILE needs no AWS at all: it prints the manifest)")
     submit.add_argument("--job-name", required=True, help="lower-case letters, digits and '-'")
     submit.add_argument("--hosts", type=int, default=1, help="worker nodes (default 1)")
     submit.add_argument("--slots-per-host", type=int, default=None,
@@ -100,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--follow", action="store_true",
                         help="stream the launcher's output and wait for the end")
     submit.add_argument("trainer_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return p
+    submit.set_defaults(command_fn=cmd_submit)
+
+    logs = _add(sub, "logs", "stream a submitted job's output (its launcher's log) until it ends",
+                "  ringtrain logs --stack dev --job resnet")
+    logs.add_argument("--job", metavar="NAME", required=True, help="the submitted job's name")
+    logs.set_defaults(command_fn=cmd_logs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,24 +252,20 @@ def cmd_submit(a: argparse.Namespace) -> int:
     return 0 if result.succeeded else EXIT_FAILED
 
 
-COMMANDS = {"plan": cmd_plan, "up": cmd_up, "down": cmd_down, "status": cmd_status, "submit": cmd_submit}
+def cmd_logs(a: argparse.Namespace) -> int:
+    from cluster.aws.backend import AwsBackend
+    from cluster.aws.stack import AutomationStack
+    from cluster.backend import JobHandle
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    a = parser.parse_args(argv)
     try:
-        return COMMANDS[a.command](a)
-    except UsageError as e:
-        parser.exit(EXIT_USAGE, f"{a.command}: error: {e}\n")
-    except (BackendError, PlanError) as e:
-        print(f"{a.command}: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"{a.command}: interrupted", file=sys.stderr)
-        return 130
-    return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        JobSpec(name=a.job, num_hosts=1)
+    except ValueError as e:
+        raise UsageError(f"--job {a.job!r}: {e}") from None
+    backend = AwsBackend(a.stack, ops_factory=lambda s: AutomationStack(s, create=False))
+    outputs = backend.outputs()
+    outputs.require_compute()
+    namespace = str(outputs.training_namespace)
+    handle = JobHandle(name=a.job, backend=backend.name, details={"namespace": namespace})
+    for line in backend.logs(handle):   # waits for the launcher pod, then follows its log to the end
+        print(line, flush=True)
+    return 0

@@ -4,6 +4,7 @@ Pulumi CLI. (The AWS backend inside the flow is covered in test_aws_backend.py.)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,12 +17,13 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+RINGTRAIN = str(Path(sys.executable).parent / "ringtrain")  # the console script
 UP_LINE = re.compile(r"local cluster up: (?P<hosts>.*); object store (?P<store>http://[\d.]+:\d+); "
                      r"work dir (?P<workdir>\S+)")
 
 
 def run_cli(*args, timeout=600, env=None):
-    return subprocess.run([sys.executable, "-m", "cluster.cli", "run", *args], cwd=REPO_ROOT,
+    return subprocess.run([RINGTRAIN, "run", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -41,23 +43,35 @@ def assert_torn_down(output: str) -> None:
 
 
 @pytest.mark.slow
-def test_ephemeral_run_end_to_end_on_the_local_backend():
+def test_ephemeral_run_end_to_end_on_the_local_backend(tmp_path):
     # Paced steps: each checkpoint's write ends before the next is due (a checkpoint due sooner is
     # taken late, and the count below would depend on the machine's speed).
     done = run_cli("--hosts", "2", "--steps", "20", "--checkpoint-every", "5", "--no-reclaim",
                    "--no-progress", "--job-name", "flow-e2e", "--dataset-shards", "2",
-                   "--samples-per-shard", "64", env={"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"})
+                   "--samples-per-shard", "64", "--run-dir", str(tmp_path / "run"),
+                   env={"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "job flow-e2e: done (exit code 0, 1 attempt(s))" in out
     assert re.search(r"steps\s+20\b", out)
     assert re.search(r"checkpoints\s+4 written\n", out)  # steps 5, 10, 15, 20, none deferred
+    # the run's report: named in the output, a picture that is not blank
+    picture = tmp_path / "run" / "report.png"
+    assert f"report             {picture}" in done.stdout
+    from PIL import Image, ImageStat
+
+    with Image.open(picture) as img:
+        assert img.size == (1000, 700)
+        assert ImageStat.Stat(img.convert("L")).var[0] > 100
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # every checkpoint is in the records but the last, taken after the last record (at step 20)
+    assert records[-1]["step"] == 20 and [c for r in records for c in r["checkpoints"]] == [5, 10, 15]
     assert_torn_down(out)
 
 
 @pytest.mark.slow
 def test_ctrl_c_mid_run_tears_the_local_cluster_down():
-    proc = subprocess.Popen([sys.executable, "-m", "cluster.cli", "run", "--hosts", "2", "--steps", "100000",
+    proc = subprocess.Popen([RINGTRAIN, "run", "--hosts", "2", "--steps", "100000",
                              "--no-reclaim", "--no-progress", "--job-name", "flow-int",
                              "--dataset-shards", "1", "--samples-per-shard", "64"],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

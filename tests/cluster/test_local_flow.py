@@ -26,6 +26,7 @@ from train.contract import EXIT_INTERRUPTED_RESUMABLE
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+RINGTRAIN = str(Path(sys.executable).parent / "ringtrain")  # the console script
 
 
 class RecordingBackend(LocalBackend):
@@ -151,7 +152,7 @@ def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
 def test_ctrl_c_tears_everything_down():
     _trainer_available()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.cli", "run", "--steps", "5000", "--no-reclaim", "--no-progress",
+        [RINGTRAIN, "run", "--steps", "5000", "--no-reclaim", "--no-progress",
          "--job-name", "ctrlc", "--dataset-shards", "1", "--samples-per-shard", "256"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

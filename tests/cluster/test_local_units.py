@@ -22,6 +22,7 @@ from tests.summaries import run_summary
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
 
 REPO = Path(__file__).resolve().parents[2]
+RINGTRAIN = str(Path(sys.executable).parent / "ringtrain")  # the console script
 
 
 # ---------------------------------------------------------------- network plan
@@ -257,7 +258,7 @@ def test_cli_rejects_bad_arguments_naming_what_is_wrong(argv, needle):
 
 
 def test_cli_bad_input_is_one_message_and_exit_2_without_traceback():
-    done = subprocess.run([sys.executable, "-m", "cluster.cli", "run", "--hosts", "0"], cwd=REPO,
+    done = subprocess.run([RINGTRAIN, "run", "--hosts", "0"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "run: error: --hosts 0: must be between 1 and 32" in done.stderr

@@ -68,7 +68,7 @@ def test_docs_and_help_say_what_allreduce_runs():
         "pyproject description":
             tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"],
         "python -m train --help": _help("-m", "train"),
-        "python -m cluster.cli run --help": _help("-m", "cluster.cli", "run"),
+        "ringtrain run --help": _help("-m", "cluster", "run"),
     }
     claims = {where: unqualified_ring_claims(text) for where, text in texts.items()}
     assert {k: v for k, v in claims.items() if v} == {}
