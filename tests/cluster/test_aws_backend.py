@@ -295,3 +295,33 @@ def test_the_aws_and_local_backends_share_one_exit_code_mapping():
     import cluster.local.backend as local
 
     assert aws.job_exit_code is exit_codes.job_exit_code is local.job_exit_code
+
+
+class ReadyCluster:
+    """kubectl against a cluster whose GPU nodes are Ready: applies are recorded, nothing runs."""
+
+    def __init__(self, kubeconfig):
+        self.applied = []
+
+    def get_json(self, *args):
+        ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        return {"items": [ready] * 4} if args[0] == "nodes" else {"items": []}
+
+    def run(self, *args, stdin=None):
+        return ""
+
+    def apply(self, manifest):
+        self.applied.append(manifest)
+        return ""
+
+
+def test_a_submitted_job_names_its_node_group_for_the_run_cost(dev_exports, tmp_path, moto_aws):
+    """The handle carries the node group, its types and capacity type: the flow's attempt records
+    them and cluster/run_cost.py prices its node-hours from them."""
+    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot", kubectl_factory=ReadyCluster)
+    handle = backend.submit(JobSpec(name="priced", num_hosts=2, slots_per_host=4))
+    group = backend.outputs().node_group("a10g-spot")
+    assert handle.details["node_group"] == "a10g-spot"
+    assert handle.details["instance_types"] == list(group.instance_types) and group.instance_types
+    assert handle.details["capacity_type"] == group.capacity_type == "SPOT"
+    assert len(handle.details["hosts"]) == 2
