@@ -71,6 +71,11 @@ def report_data(result: FlowResult) -> ReportData:
     state = "done" if result.succeeded else "FAILED"
     title = (f"job {result.job}: {state} (exit code {result.exit_code}, "
              f"{len(result.attempts)} attempt(s))")
+    # A stop aborts a periodic write in flight (its checkpoint replaces it): the records list that
+    # write when it started, so say that one mark is not in the store.
+    aborted = sum(a.summary.checkpoints_aborted for a in result.attempts if a.summary is not None)
+    if aborted:
+        title += f"\n{aborted} marked checkpoint write(s) aborted by a stop, not in the store"
     return ReportData(series, [(r.step, r.host) for r in result.reclaims], title)
 
 

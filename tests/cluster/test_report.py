@@ -99,3 +99,10 @@ def test_an_attempt_ends_on_a_checkpoint_only_if_it_wrote_any(written, expected)
     result.attempts[0].metrics = []
     result.attempts[0].summary = run_summary(steps=23, checkpoints_written=written)
     assert report_data(result).attempts[0].checkpoints == expected
+
+
+def test_a_write_aborted_by_the_stop_is_said_on_the_picture():
+    result = reclaimed_and_resumed()
+    assert "aborted" not in report_data(result).title
+    result.attempts[0].summary = run_summary(steps=23, checkpoints_written=2, checkpoints_aborted=1)
+    assert "1 marked checkpoint write(s) aborted by a stop" in report_data(result).title
