@@ -59,7 +59,6 @@ class CheckpointWriter:
         self.written = 0
         self.write_s_max = 0.0  # the longest write (the child's wall time from receiving it to done)
         self.write_cpu_s = 0.0  # the child's CPU time over all writes
-        self.written_bytes = 0
         self.write_rate: float | None = None  # bytes/s of the last write, to predict the next one's time
         self.aborted = 0
         self.waits, self.waited_s = 0, 0.0  # submits that waited for the previous write, and how long
@@ -225,7 +224,6 @@ class CheckpointWriter:
             self.written += 1
             self.write_s_max = max(self.write_s_max, wall_s)
             self.write_cpu_s += cpu_s
-            self.written_bytes += nbytes
             self.write_rate = nbytes / max(wall_s, 1e-6)
             return True
         if kind == "aborted" and done_step == step:

@@ -355,4 +355,4 @@ def test_abort_stops_the_write_in_flight_at_once_and_the_next_one_is_written(tmp
     assert writer.aborted == 1 and writer.written == 1
     assert not (tmp_path / "step-000000001").exists()
     assert ckpt.CheckpointStore(open_store(str(tmp_path)), keep=3).valid_steps() == [2]
-    assert writer.write_rate > 0 and writer.written_bytes > 0
+    assert writer.write_rate > 0  # bytes/s of step 2's write
