@@ -128,3 +128,27 @@ def test_image_task_synthetic_mode_is_horovods_synthetic_benchmark():
     assert r.returncode == 0, r.stderr[-3000:]
     s = parse_summary(r.stdout)
     assert s.steps == 3 and s.samples_per_sec > 0 and s.eval is None
+
+
+def test_image_decoding_is_a_function_of_the_sample_seed_and_pickles_without_torchvision_objects():
+    import io
+    import pickle
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from train.tasks.image import DecodeSamples
+
+    buf = io.BytesIO()
+    Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8)).save(buf, "PNG")
+    sample = {"__key__": "0", "png": buf.getvalue(), "cls": b"3"}
+    decode = DecodeSamples(16, train=True, augment="standard")
+    x, y = decode[(sample, 7)]
+    assert x.shape == (3, 16, 16) and y == 3
+    # DataLoader workers get it pickled: without the transforms, which they rebuild (unpickled,
+    # torchvision's objects would import torchvision without train/tasks/vision.py's repair)
+    clone = pickle.loads(pickle.dumps(decode))
+    assert clone._tf is None
+    assert torch.equal(clone[(sample, 7)][0], x)  # the same crop and flip from the same seed
+    assert any(not torch.equal(decode[(sample, s)][0], x) for s in range(8, 16))  # other seeds differ

@@ -62,6 +62,11 @@ class DecodeSamples:
         self.size, self.train, self.augment = size, train, augment
         self._tf = None
 
+    def __getstate__(self) -> dict:
+        # The transforms are rebuilt where they run: unpickled, torchvision's objects would import
+        # torchvision in the worker without import_torchvision's repair (train/tasks/vision.py).
+        return {**self.__dict__, "_tf": None}
+
     def __getitem__(self, item) -> tuple[torch.Tensor, int]:
         from PIL import Image
 
