@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
     p.add_argument("--name", default=None,
                    help="results file name (default: 'latest', or 'quick' with --quick)")
     p.add_argument("--out", type=Path, default=results_mod.RESULTS_DIR, help="results directory")
+    p.add_argument("--raw", action="store_true",
+                   help="also write every per-step sample to <name>.raw.json (not committed)")
     args = p.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in SECTIONS]
@@ -95,9 +97,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             failed.append(name)
     out["finished_at"] = _now()
     out["machine"]["load_avg_end"] = machine_info()["load_avg"]
-    path = results_mod.write(out, args.out)
+    path = results_mod.write(out, args.out, raw=args.raw)
     print(table.render(out))
-    print(f"\nwrote {path}")
+    print(f"\nwrote {path}" + (f" and {results_mod.raw_path(path)}" if args.raw else ""))
     if failed:
         print(f"bench: failed sections: {', '.join(failed)} (reasons in the table above)", file=sys.stderr)
         return 1

@@ -89,15 +89,42 @@ def validate(results: dict) -> None:
     jsonschema.validate(results, SCHEMA)
 
 
-def write(results: dict, directory: Path = RESULTS_DIR) -> Path:
-    """Validate, then write <directory>/<name>.json atomically (a crash never leaves half a file)."""
+# Per-step samples: what the figures are computed from, not what the report shows. A full run's came
+# to ~1.5 MB of the 1.6 MB results file, committed with every run; they go to <name>.raw.json (not
+# committed, see .gitignore) only when asked for (`scripts/bench --raw`).
+RAW_KEYS = frozenset({"step_durations_s"})
+
+
+def summary(value):
+    """`value` without the raw samples (RAW_KEYS at any depth): what is committed and reported."""
+    if isinstance(value, dict):
+        return {k: summary(v) for k, v in value.items() if k not in RAW_KEYS}
+    if isinstance(value, list):
+        return [summary(v) for v in value]
+    return value
+
+
+def write(results: dict, directory: Path = RESULTS_DIR, raw: bool = False) -> Path:
+    """Validate, then write the summary to <directory>/<name>.json and, with `raw`, everything to
+    <name>.raw.json, each atomically (a crash never leaves half a file)."""
     validate(results)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{results['name']}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(to_json(results) + "\n")
-    os.replace(tmp, path)
+    _write_atomically(path, summary(results))
+    if raw:
+        _write_atomically(raw_path(path), results)
     return path
+
+
+def raw_path(path: Path) -> Path:
+    """bench/results/latest.json -> bench/results/latest.raw.json."""
+    return path.with_suffix(".raw.json")
+
+
+def _write_atomically(path: Path, value) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_json(value) + "\n")
+    os.replace(tmp, path)
 
 
 def to_json(value, depth: int = 0) -> str:

@@ -160,7 +160,7 @@ class SystemNodesConfig(NodeCounts):
 
 
 _VERSION_HELP = (f"one of {', '.join(SUPPORTED_KUBERNETES)} (a quoted string; older versions are past EKS "
-                 "standard support; README 'Upgrading Kubernetes' says how to move a stack)")
+                 "standard support; docs/ARCHITECTURE.md 'Upgrading Kubernetes' says how to move a stack)")
 
 
 class ClusterConfig(_Section):

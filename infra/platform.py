@@ -104,7 +104,8 @@ class Platform(pulumi.ComponentResource):
             # No delete_unreachable: with it, a cluster that is only unreachable (private endpoint run
             # from outside, VPN down) silently drops every Kubernetes resource from the state
             # (pulumi-kubernetes #1485, #2489). If the cluster is really gone, destroy once with
-            # PULUMI_K8S_DELETE_UNREACHABLE=true, deliberately (README "On AWS").
+            # PULUMI_K8S_DELETE_UNREACHABLE=true, deliberately (docs/ARCHITECTURE.md, "A cluster that
+            # is gone").
             opts=pulumi.ResourceOptions(parent=self),
         )
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self.provider,

@@ -151,7 +151,7 @@ BAD = [
     # 1.34 left EKS standard support on 2026-12-02 (EKS Kubernetes release calendar).
     ("kubernetes version past standard support", _set("cluster.kubernetesVersion", "1.34"),
      ['ringtrain:cluster.kubernetesVersion: "1.34" is invalid: one of 1.35, 1.36',
-      "README 'Upgrading Kubernetes'"]),
+      "docs/ARCHITECTURE.md 'Upgrading Kubernetes'"]),
     # CloudWatch Logs PutRetentionPolicy accepts only its listed day counts (2 is not one).
     ("flow log retention", _set("network.flowLogRetentionDays", 2),
      ["ringtrain:network.flowLogRetentionDays: 2 is invalid: one of 1, 3, 5, 7, 14, 30,"]),
