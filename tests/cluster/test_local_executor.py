@@ -177,7 +177,7 @@ def test_submit_dry_run_prints_the_object_the_local_executor_runs(tmp_path, caps
     objects differ only in where they run (storage, image, nodes, interface), never in the launch."""
     import json
 
-    from cluster.aws import cli
+    from cluster import cli
     from cluster.local.backend import LocalBackend
     from cluster.mpijob import worker_container
     from tests.infra.harness import run_program
