@@ -10,6 +10,7 @@ import mmap
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -100,27 +101,19 @@ class LocalStore(Store):
         return self.root.joinpath(*key.split("/"))
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write then rename: a reader never sees a half-written file under the final name.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        self._write(key, lambda f: f.write(data))
 
     def upload(self, key: str, source: BinaryIO, size_hint: int = 0) -> None:
+        self._write(key, lambda f: shutil.copyfileobj(source, f, _COPY_CHUNK))
+
+    def _write(self, key: str, fill: Callable[[BinaryIO], object]) -> None:
+        # Write then rename: a reader never sees a half-written file under the final name.
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                shutil.copyfileobj(source, f, _COPY_CHUNK)
+                fill(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
