@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import os
 import shlex
 import sys
 import traceback
@@ -22,6 +23,9 @@ SECTIONS = {
     "checkpoint_stall": sections.stall_section,
     "recovery": sections.recovery_section,
     "plan_time": sections.plan_time_section,
+    "shard_read": sections.shard_read_section,
+    "input_pipeline": sections.input_pipeline_section,
+    "image_task": sections.image_task_section,
 }
 
 
@@ -31,7 +35,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
                                 epilog=f"examples: {prog} --quick    {prog} --sections headline,recovery")
     p.add_argument("--quick", action="store_true", help="a short smoke run (1 repeat, few steps)")
     p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
+                   help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all); the results "
+                   "file keeps the sections a run leaves out")
     p.add_argument("--repeats", type=int, default=None, help="override the repeats of the comparisons")
     p.add_argument("--name", default=None,
                    help="results file name (default: 'latest', or 'quick' with --quick)")
@@ -62,7 +67,8 @@ def plan_for(args: argparse.Namespace) -> sections.Plan:
     if args.repeats is None:
         return plan
     return dataclasses.replace(plan, repeats=args.repeats, headline_repeats=args.repeats,
-                               stall_repeats=args.repeats)
+                               stall_repeats=args.repeats, image_repeats=args.repeats,
+                               pipeline_repeats=args.repeats)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     failed = []
     for name in args.sections:
         progress(f"== {name}")
+        started, load = _now(), list(os.getloadavg())
         try:
             out["sections"][name] = SECTIONS[name](plan, progress)
         except BenchError as e:
@@ -95,11 +102,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             traceback.print_exc()
             out["sections"][name] = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
             failed.append(name)
+        out["sections"][name]["measured"] = {
+            "command": out["command"], "run_started_at": out["started_at"], "started_at": started,
+            "finished_at": _now(), "load_avg": load, "load_avg_end": list(os.getloadavg()),
+            "cpu_model": out["machine"]["cpu_model"]}
     out["finished_at"] = _now()
     out["machine"]["load_avg_end"] = machine_info()["load_avg"]
-    path = results_mod.write(out, args.out, raw=args.raw)
+    target = args.out / f"{args.name}.json"
+    try:
+        previous = results_mod.read_previous(target)
+    except ValueError as e:
+        print(f"bench: {e}: replaced by this run's results", file=sys.stderr)
+        previous = None
+    doc, kept = results_mod.merge(previous, out)
+    path = results_mod.write(doc, args.out, raw=args.raw)
     print(table.render(out))
     print(f"\nwrote {path}" + (f" and {results_mod.raw_path(path)}" if args.raw else ""))
+    if kept:
+        print(f"kept in {path.name} from earlier runs: {', '.join(kept)}")
     if failed:
         print(f"bench: failed sections: {', '.join(failed)} (reasons in the table above)", file=sys.stderr)
         return 1

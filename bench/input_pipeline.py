@@ -1,85 +1,86 @@
-"""`python -m bench.input_pipeline`: samples/s the image task's input pipeline delivers with one
-DataLoader worker (shard stream -> forkserver worker decoding and augmenting -> batches), against a
-bare loop decoding the same shards with the same transforms in one process. Interleaved, repeated;
-prints one JSON line. Not a section of `python -m bench` (yet).
+"""The image task's decoding, one DataLoader worker against a bare loop (the `input_pipeline` section
+of `python -m bench`): samples/s the task's DataLoader (train/tasks/image.py train_loader: the shard
+stream's batches, one forkserver worker decoding and augmenting them) delivers, against a bare loop
+decoding the same shards with the same transforms in one process. Interleaved, repeated.
+
+The images are generated PNGs of `image_px` pixels, larger than the digits' 8x8 so that decoding,
+not the loop around it, is what is timed; the shards sit in a temp directory, so the store is not.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
-from train import shards
-from train.tasks.image import DecodeSamples, StreamBatches
+from bench.compare import Contender, run_comparison
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.input_pipeline")
-    p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--per-shard", type=int, default=256)
-    p.add_argument("--image-px", type=int, default=64, help="stored image side (PNG)")
-    p.add_argument("--size", type=int, default=56, help="crop fed to the model")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
-    a = p.parse_args(argv)
+@dataclass(frozen=True)
+class DecodeShape:
+    shards: int
+    per_shard: int
+    image_px: int = 64    # stored image side (PNG)
+    size: int = 56        # crop fed to the model
+    batch: int = 32
+    prefetch: int = 2     # the task's --prefetch default
+
+
+def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], None]) -> dict:
+    """run_comparison's result: contenders "bare-loop" (the baseline) and "loader-worker"."""
+    import torch
     from PIL import Image
+
+    from train import shards
+    from train.tasks.image import DecodeSamples, StreamBatches, train_loader
 
     rng = np.random.default_rng(0)
     torch.set_num_threads(1)
 
     def png() -> bytes:
         buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (a.image_px, a.image_px, 3), dtype=np.uint8)).save(buf, "PNG")
+        pixels = rng.integers(0, 256, (shape.image_px, shape.image_px, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buf, "PNG")
         return buf.getvalue()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        samples = [[{"__key__": f"{s:03d}{i:05d}", "png": png(), "cls": b"1"} for i in range(a.per_shard)]
-                   for s in range(a.shards)]
+    with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
+        samples = [[{"__key__": f"{s:03d}{i:05d}", "png": png(), "cls": b"1"} for i in range(shape.per_shard)]
+                   for s in range(shape.shards)]
         shards.write_dataset(tmp, iter(samples), {"kind": "image", "classes": ["0", "1"]})
         ds = shards.open_dataset(tmp, None, "image")
-        n = a.shards * a.per_shard // a.batch * a.batch
-        decode = DecodeSamples(a.size, train=True, augment="standard")
+        n = shape.shards * shape.per_shard // shape.batch * shape.batch
+        decode = DecodeSamples(shape.size, train=True, augment="standard")
         batches = StreamBatches()
-        loader = torch.utils.data.DataLoader(decode, batch_sampler=batches, num_workers=1, prefetch_factor=4,
-                                             persistent_workers=True, multiprocessing_context="forkserver")
+        loader = train_loader(decode, batches, workers=1, prefetch=shape.prefetch, pin_memory=False)
 
-        def bare() -> float:
+        def bare() -> dict:
             t = time.perf_counter()
             got = 0
-            for samples_, _ in shards.ShardStream(ds, 0, a.batch, 0, 1, None):
+            for samples_, _ in shards.ShardStream(ds, 0, shape.batch, 0, 1, None):
                 torch.utils.data.default_collate([decode[s] for s in samples_])
                 got += len(samples_)
                 if got >= n:
                     break
-            return got / (time.perf_counter() - t)
+            return {"samples_per_sec": got / (time.perf_counter() - t)}
 
-        def worker() -> float:
-            batches.stream = shards.ShardStream(ds, 0, a.batch, 0, 1, None)
+        def worker() -> dict:
+            batches.stream = shards.ShardStream(ds, 0, shape.batch, 0, 1, None)
+            batches.positions.clear()
             t = time.perf_counter()
             got = 0
             for x, _ in loader:
                 got += len(x)
                 if got >= n:
                     break
-            return got / (time.perf_counter() - t)
+            return {"samples_per_sec": got / (time.perf_counter() - t)}
 
-        bare(), worker()  # start the worker, warm both
-        runs = {"bare_loop": [], "one_loader_worker": []}
-        for _ in range(a.repeats):
-            runs["bare_loop"].append(bare())
-            runs["one_loader_worker"].append(worker())
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    print(json.dumps({"samples": n, "median_samples_per_s": {k: round(v, 1) for k, v in med.items()},
-                      "ratio_worker_over_bare": round(med["one_loader_worker"] / med["bare_loop"], 3)}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        bare(), worker()  # start the (persistent) worker, warm both
+        config = {"samples_per_run": n, **asdict(shape)}
+        return run_comparison(
+            [Contender("bare-loop", bare, {"what": "decode + collate in this process", **config}),
+             Contender("loader-worker", worker, {"what": "train_loader with 1 forkserver worker", **config})],
+            "bare-loop", repeats, progress=progress)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from bench.compare import Contender
+from bench.image_loop import ImageShape
 from bench.launch import ddp_command, horovod_command, run_worker
 
 
@@ -75,8 +76,13 @@ class LoopShape:
         return ["--steps", str(self.steps), "--warmup", str(self.warmup),
                 "--batch-size", str(self.batch_size), "--width", str(self.width), "--model", self.model]
 
+    def trainer_task_args(self) -> list[str]:
+        """The trainer's model and data flags: its demo task's model on its synthetic batch."""
+        return ["--model", self.model, "--width", str(self.width), "--data", "synthetic"]
 
-def horovod_contender(name: str, settings: HorovodSettings, shape: LoopShape, timeout_s: float) -> Contender:
+
+def horovod_contender(name: str, settings: HorovodSettings, shape: LoopShape | ImageShape,
+                      timeout_s: float) -> Contender:
     cmd = horovod_command("bench.worker_hvd", [*shape.args(), *settings.args()], np=shape.workers)
     return Contender(
         name=name,
@@ -86,7 +92,8 @@ def horovod_contender(name: str, settings: HorovodSettings, shape: LoopShape, ti
     )
 
 
-def ddp_contender(shape: LoopShape, timeout_s: float, name: str = "ddp", pin: bool = False) -> Contender:
+def ddp_contender(shape: LoopShape | ImageShape, timeout_s: float, name: str = "ddp",
+                  pin: bool = False) -> Contender:
     """DDP as torchrun starts it (torchrun sets OMP_NUM_THREADS=1 per worker by default); with `pin`,
     its workers pinned the way the trainer pins Horovod's, to compare like with like."""
     cmd = ddp_command("bench.worker_ddp", [*shape.args(), *(["--pin"] if pin else [])], np=shape.workers)

@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench.results import RESULTS_DIR
+from bench.results import RESULTS_DIR, measured_by
 from bench.stats import median_interval
 from bench.table import ms_interval, stall_verdict
 
@@ -124,13 +124,13 @@ def markdown(r: dict) -> str:
     out = [
         "## Performance",
         "",
-        f"Measured with `{r['command']}` ({r['started_at']} to {r['finished_at']}) on {m['cores']} cores "
+        f"Measured with {_measured_by(r)} on {m['cores']} cores "
         f"({m['cpu_model']}), Python {v['python']}, torch {v['torch']}, Horovod {v['horovod']}; "
         f"the summary in `bench/results/{r['name']}.json` (every per-step sample in "
         f"`{r['name']}.raw.json` with `scripts/bench --raw`). Every comparison runs its contenders "
         "interleaved (rotated order, one run each per repeat) and reports the median of the per-repeat "
-        "ratios. The machine was shared with other work while this ran "
-        f"(load average {m['load_avg'][0]:.1f} at the start), so single samples swing widely: read the "
+        "ratios. The machine was shared with other work while this ran, "
+        "so single samples swing widely: read the "
         "ratios, and the per-repeat spread in the JSON. The 95 % interval of a ratio is distribution-free "
         "(from the order of the per-repeat ratios: the k-th smallest to the k-th largest, with k from "
         f"the binomial distribution{ranks}): the median "
@@ -260,11 +260,123 @@ def markdown(r: dict) -> str:
                 for name, f in stacks.items()]
         out += [f"**The Pulumi program under mocks** (as the infra tests run it, tests/infra/harness.py): "
                 f"{'; '.join(rows)}.", ""]
+    out += _image_task_block(s.get("image_task", {}))
+    out += _input_pipeline_block(s.get("shard_read", {}), s.get("input_pipeline", {}))
     failed = [f"{name} ({sec['status']}: {sec.get('reason', '')[:200]})" for name, sec in s.items()
               if sec.get("status") != "ok"]
     if failed:
         out += ["Not measured in this run: " + "; ".join(failed), ""]
     return "\n".join(out)
+
+
+def _runs(r: dict) -> list[tuple[dict, list[str]]]:
+    """The runs that measured the document's sections, oldest first, each with its sections: one run,
+    or several where a run of some sections kept the others (bench.results.merge)."""
+    runs: dict[tuple, tuple[dict, list[str]]] = {}
+    for name, sec in r["sections"].items():
+        m = sec.get("measured") or measured_by(r)
+        runs.setdefault((m["run_started_at"], m["command"]), (m, []))[1].append(name)
+    return [runs[key] for key in sorted(runs)]
+
+
+def _measured_by(r: dict) -> str:
+    """The RESULTS.md header's account of the run(s), each with its span and starting load."""
+    runs = _runs(r)
+    if len(runs) <= 1:
+        m = runs[0][0] if runs else measured_by(r)
+        return f"`{m['command']}` ({r['started_at']} to {r['finished_at']}, load average " \
+               f"{m['load_avg'][0]:.1f} at the start)"
+    parts = []
+    for m, names in runs:
+        spans = [r["sections"][n].get("measured", m) for n in names]
+        cpu = "" if m["cpu_model"] == r["machine"]["cpu_model"] else f", on {m['cpu_model']}"
+        parts.append(f"`{m['command']}` ({min(x['started_at'] for x in spans)} to "
+                     f"{max(x['finished_at'] for x in spans)}, load average {m['load_avg'][0]:.1f} at the "
+                     f"start{cpu}) for {', '.join(names)}")
+    return f"{len(runs)} runs: " + "; ".join(parts)
+
+
+def _repeats(n: int) -> str:
+    return f"{n} repeat{'s' if n != 1 else ''}"
+
+
+def _section_load(sec: dict) -> str:
+    """' (load average a to b during it)', from the section's own record; '' for older results."""
+    m = sec.get("measured")
+    if not m or not m.get("load_avg_end"):
+        return ""
+    return f"; load average {m['load_avg'][0]:.1f} to {m['load_avg_end'][0]:.1f} during it"
+
+
+def target_words(r: dict) -> str:
+    """A ratio's target and verdict, as the tables read: '≥ 0.97: met', with a note where the
+    interval holds both sides of the target; '' without a target."""
+    if "target" not in r:
+        return ""
+    undecided = r.get("interval") is not None and not r["decided"]
+    return f"≥ {r['target']}: {'met' if r['met'] else '**not met**'}" + \
+        ("; its interval holds both sides" if undecided else "")
+
+
+def _ratio_row(label: str, num: float, den: float, r: dict, unit: str = "", fmt: str = ".0f") -> str:
+    """A table row: the two medians (with their `unit`), the median of the per-repeat ratios,
+    its interval and its target."""
+    return (f"| {label} | {num:{fmt}} / {den:{fmt}}{unit} | {_x_target(r['median'])} | "
+            f"{_interval(r['per_repeat'])} | {target_words(r)} |")
+
+
+def _image_task_block(it: dict) -> list[str]:
+    if it.get("status") != "ok":
+        return []
+    comp = it["comparison"]
+    c, e, p = comp["contenders"], it["efficiency"], it["peer"]
+    cfg = c["trainer"]["config"]
+    return [
+        f"**The image task: trainer efficiency and peer comparison** (torchvision {cfg['model']} at "
+        f"{cfg['image_size']} px, batch {cfg['batch_size']} per worker, {cfg['workers']} workers with "
+        f"{cfg['loader_workers']} DataLoader process each, {_repeats(comp['repeats'])}; "
+        f"{it['window']}{_section_load(it)}. Data: {it['data']}, "
+        "read by every contender through the image task's own shard stream and DataLoader "
+        "(`bench/image_loop.py`). The trainer runs `--task image` with its defaults and its metrics file, "
+        "without checkpoints (their cost is the checkpoint stall's); the bare Horovod loop with the "
+        f"trainer's settings ({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one "
+        "torch thread per worker, unpinned, held to the same target as the trainer's row above):",
+        "",
+        "| contender | median samples/s | ratio | 95 % interval of the ratio | target |",
+        "|---|---:|---:|---|---|",
+        _ratio_row("trainer / bare Horovod loop", c["trainer"]["median"], c["bare-hvd"]["median"], e),
+        _ratio_row("trainer / torch DDP (Gloo)", c["trainer"]["median"], c["ddp"]["median"], p["trainer"]),
+        _ratio_row("bare Horovod / torch DDP", c["bare-hvd"]["median"], c["ddp"]["median"], p["bare-hvd"]),
+        "",
+    ]
+
+
+def _input_pipeline_block(read: dict, decode: dict) -> list[str]:
+    rows = []
+    if read.get("status") == "ok":
+        c = read["comparison"]["contenders"]
+        cfg = c["shard-stream"]["config"]
+        rows.append(_ratio_row(
+            f"shard stream / bare boto3 `get_object().read()` loop, the same objects from the local store "
+            f"({cfg['shards']} shards of {cfg['samples_per_shard']} samples of {cfg['sample_kb']:g} kB, "
+            f"{cfg['bytes_per_run'] / 1e6:.0f} MB a run; {_repeats(read['comparison']['repeats'])}"
+            f"{_section_load(read)})", c["shard-stream"]["median"] / 1e6, c["bare-boto3"]["median"] / 1e6,
+            read["ratio"], unit=" MB/s", fmt=".1f"))
+    if decode.get("status") == "ok":
+        c = decode["comparison"]["contenders"]
+        cfg = c["loader-worker"]["config"]
+        rows.append(_ratio_row(
+            f"one DataLoader worker / bare loop decoding the same shards with the same transforms "
+            f"({cfg['samples_per_run']} generated {cfg['image_px']} px PNGs, {cfg['size']} px crops, batch "
+            f"{cfg['batch']}; {_repeats(decode['comparison']['repeats'])}{_section_load(decode)})",
+            c["loader-worker"]["median"], c["bare-loop"]["median"], decode["ratio"], unit=" samples/s",
+            fmt=".1f"))
+    if not rows:
+        return []
+    return ["**Input pipeline of the image and lm tasks** (`bench/shard_read.py`, `bench/input_pipeline.py`; "
+            "each comparison interleaved, rates as medians):", "",
+            "| contender | median | ratio | 95 % interval of the ratio | target |",
+            "|---|---:|---:|---|---|", *rows, ""]
 
 
 def results_page(r: dict, reading: str) -> str:
@@ -313,8 +425,22 @@ def readme_table(r: dict) -> str:
     if rc.get("status") == "ok":
         rows.append(f"| spot reclaim: SIGTERM to training resumed, steps lost | "
                     f"{rc['sigterm_to_resumed_s']:.1f} s, {rc['steps_lost']} | |")
+    it = s.get("image_task", {})
+    if it.get("status") == "ok":
+        model = it["comparison"]["contenders"]["trainer"]["config"]["model"]
+        rows += [_readme_row(f"image task ({model}): trainer / bare Horovod loop (samples/s)",
+                             it["efficiency"]),
+                 _readme_row("image task: trainer / torch DDP over Gloo (samples/s)", it["peer"]["trainer"])]
+    for name, what in (("shard_read", "shard stream / bare boto3 loop, from the local S3 store (bytes/s)"),
+                       ("input_pipeline", "one DataLoader worker / bare decoding loop (samples/s)")):
+        if s.get(name, {}).get("status") == "ok":
+            rows.append(_readme_row(what, s[name]["ratio"]))
+    runs = _runs(r)
+    dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
+    by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by " + \
+        " and ".join(f"`{m['command']}`" for m, _ in runs)
     head = [
-        f"Measured {r['started_at'][:10]} by `{r['command']}` on {m['cores']} cores ({m['cpu_model']}), "
+        f"Measured {by} on {m['cores']} cores ({m['cpu_model']}), "
         "shared with other work: read the ratios, not the rates. The 95 % interval of each ratio is in "
         "parentheses. Methods, every figure and how to read them: [bench/RESULTS.md](bench/RESULTS.md).",
         "",
@@ -322,6 +448,11 @@ def readme_table(r: dict) -> str:
         "|---|---|---|",
     ]
     return "\n".join([README_BEGIN, *head, *rows, README_END])
+
+
+def _readme_row(what: str, r: dict) -> str:
+    ci = "too few repeats for an interval" if r.get("interval") is None else _interval(r["per_repeat"])
+    return f"| {what} | {_x_target(r['median'])} ({ci}) | {target_words(r)} |"
 
 
 def replace_readme_table(readme: str, table: str) -> str:

@@ -44,6 +44,17 @@ _COMPARISON = {
     },
 }
 
+# The run that measured a section, and the section's own time span and load: a run of some sections
+# keeps the other sections of the file it replaces (merge), each with the run that measured it.
+_MEASURED = {
+    "type": "object",
+    "required": ["command", "run_started_at", "started_at", "finished_at", "load_avg", "cpu_model"],
+    "properties": {"command": {"type": "string"}, "run_started_at": {"type": "string"},
+                   "started_at": {"type": "string"}, "finished_at": {"type": "string"},
+                   "load_avg": {"type": "array"}, "load_avg_end": {"type": ["array", "null"]},
+                   "cpu_model": {"type": "string"}},
+}
+
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -75,6 +86,7 @@ SCHEMA = {
                     "status": {"enum": ["ok", "skipped", "failed"]},
                     "reason": {"type": "string"},
                     "comparison": _COMPARISON,
+                    "measured": _MEASURED,
                 },
                 "if": {"properties": {"status": {"enum": ["skipped", "failed"]}}},
                 "then": {"required": ["status", "reason"]},
@@ -102,6 +114,45 @@ def summary(value):
     if isinstance(value, list):
         return [summary(v) for v in value]
     return value
+
+
+def measured_by(results: dict) -> dict:
+    """A section's `measured` record when it has none: the whole run's span and load (documents from
+    before sections carried their own)."""
+    m = results["machine"]
+    return {"command": results["command"], "run_started_at": results["started_at"],
+            "started_at": results["started_at"], "finished_at": results["finished_at"],
+            "load_avg": m["load_avg"], "load_avg_end": m.get("load_avg_end"), "cpu_model": m["cpu_model"]}
+
+
+def merge(previous: dict | None, current: dict) -> tuple[dict, list[str]]:
+    """What a run writes over the file `previous` held: `current`'s sections, and previous's other
+    sections, kept with the run that measured them, so a run of some sections loses none of the
+    others' figures. Returns the document and the names of the sections kept. A quick run's figures
+    and a full run's are never mixed: then `current` alone (nothing kept)."""
+    if not previous or previous.get("schema_version") != SCHEMA_VERSION or \
+            previous.get("quick") != current["quick"]:
+        return current, []
+    old = {name: sec if "measured" in sec else {**sec, "measured": measured_by(previous)}
+           for name, sec in previous["sections"].items()}
+    kept = [name for name in old if name not in current["sections"]]
+    # previous's order, each measured section in its place; sections new to the file at the end
+    merged = {name: current["sections"].get(name, sec) for name, sec in old.items()}
+    merged.update(current["sections"])
+    return {**current, "sections": merged}, kept
+
+
+def read_previous(path: Path) -> dict | None:
+    """The results file a run is about to replace, or None when there is none or it cannot be read
+    (it is then replaced whole; the run says so)."""
+    try:
+        doc = json.loads(path.read_text())
+        validate(doc)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, jsonschema.ValidationError) as e:
+        raise ValueError(f"{path}: not a results file ({str(e).splitlines()[0]})") from None
+    return doc
 
 
 def write(results: dict, directory: Path = RESULTS_DIR, raw: bool = False) -> Path:

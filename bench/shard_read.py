@@ -1,75 +1,82 @@
-"""`python -m bench.shard_read`: bytes/s the shard stream (train.shards) reads from the local S3 store
-(moto, cluster/local) against a bare boto3 loop reading the same objects, interleaved, repeated.
-
-Not a section of `python -m bench` (yet): it times the input pipeline's S3 side alone, for the choice
-of library in docs/DATA.md. Prints one JSON line.
+"""The shard stream's reads from the local S3 store against bare boto3 (the `shard_read` section of
+`python -m bench`): bytes/s the image and lm tasks' shard stream (train.shards.ShardStream: GETs on
+read-ahead threads, sha256, tar unpacking, the sample order) reads from the local moto store on
+loopback, against a bare boto3 loop reading the same objects one after the other with
+`get_object()["Body"].read()`. Interleaved, repeated. It times the input pipeline's S3 side alone,
+for the choice of library in docs/DATA.md.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from unittest import mock
 
 import numpy as np
 
-from cluster.local.objectstore import LOCAL_CREDENTIALS, ObjectStore
-from train import shards
+from bench.compare import Contender, run_comparison
+
+BUCKET = "bench"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.shard_read")
-    p.add_argument("--shards", type=int, default=16)
-    p.add_argument("--shard-mb", type=float, default=4.0)
-    p.add_argument("--sample-kb", type=float, default=100.0, help="bytes of one sample (an image's size)")
-    p.add_argument("--repeats", type=int, default=5)
-    a = p.parse_args(argv)
-    os.environ.update(LOCAL_CREDENTIALS)
-    per_shard = max(1, int(a.shard_mb * 1024 / a.sample_kb))
+@dataclass(frozen=True)
+class ReadShape:
+    shards: int
+    shard_mb: float
+    sample_kb: float = 100.0  # one sample's bytes (an image's size)
+
+    @property
+    def per_shard(self) -> int:
+        return max(1, int(self.shard_mb * 1024 / self.sample_kb))
+
+
+def stream_vs_boto3(shape: ReadShape, repeats: int, progress: Callable[[str], None]) -> dict:
+    """run_comparison's result: contenders "bare-boto3" (the baseline) and "shard-stream", metric
+    bytes_per_sec."""
+    from cluster.local.objectstore import LOCAL_CREDENTIALS, ObjectStore
+    from train import shards
+
     rng = np.random.default_rng(0)
-    with ObjectStore() as store:
+    # The store's credentials for the stream's own client, for this section only: later sections'
+    # runs inherit this process's environment.
+    with mock.patch.dict(os.environ, LOCAL_CREDENTIALS), ObjectStore() as store:
         client = store.client()
-        client.create_bucket(Bucket="bench")
-        uri = "s3://bench/ds"
+        client.create_bucket(Bucket=BUCKET)
+        uri = f"s3://{BUCKET}/ds"
 
         def samples():
-            for s in range(a.shards):
-                yield [{"__key__": f"{s:04d}{i:05d}", "jpg": rng.bytes(int(a.sample_kb * 1024)), "cls": b"1"}
-                       for i in range(per_shard)]
+            for s in range(shape.shards):
+                size = int(shape.sample_kb * 1024)
+                yield [{"__key__": f"{s:04d}{i:05d}", "jpg": rng.bytes(size), "cls": b"1"}
+                       for i in range(shape.per_shard)]
 
         index = shards.write_dataset(uri, samples(), {"kind": "image", "classes": ["0", "1"]},
                                      store.endpoint_url)
         total = sum(s["bytes"] for s in index["shards"])
         ds = shards.open_dataset(uri, store.endpoint_url, "image")
 
-        def bare() -> float:
+        def bare() -> dict:
             t = time.perf_counter()
             for s in index["shards"]:
-                client.get_object(Bucket="bench", Key=f"ds/{s['name']}")["Body"].read()
-            return total / (time.perf_counter() - t)
+                client.get_object(Bucket=BUCKET, Key=f"ds/{s['name']}")["Body"].read()
+            return {"bytes_per_sec": total / (time.perf_counter() - t)}
 
-        def stream() -> float:
+        def stream() -> dict:
             t = time.perf_counter()
-            it = shards.ShardStream(ds, 0, per_shard, 0, 1, None)
-            for n, _ in enumerate(it, 1):
-                if n == a.shards:
+            it = shards.ShardStream(ds, 0, shape.per_shard, 0, 1, None)
+            for n, _ in enumerate(it, 1):  # a batch is a shard's samples: one a shard
+                if n == shape.shards:
                     break
             it.close()
-            return total / (time.perf_counter() - t)
+            return {"bytes_per_sec": total / (time.perf_counter() - t)}
 
         bare(), stream()  # warm the server and the clients
-        runs = {"bare_boto3": [], "shard_stream": []}
-        for _ in range(a.repeats):
-            runs["bare_boto3"].append(bare())
-            runs["shard_stream"].append(stream())
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    print(json.dumps({"bytes": total, "shards": a.shards, "samples_per_shard": per_shard,
-                      "median_MB_per_s": {k: round(v / 1e6, 1) for k, v in med.items()},
-                      "ratio_stream_over_bare": round(med["shard_stream"] / med["bare_boto3"], 3)}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        config = {"bytes_per_run": total, "samples_per_shard": shape.per_shard, **asdict(shape)}
+        return run_comparison(
+            [Contender("bare-boto3", bare, {"what": "get_object().read(), one object after the other",
+                                             **config}),
+             Contender("shard-stream", stream, {"what": "train.shards.ShardStream, default read-ahead",
+                                                **config})],
+            "bare-boto3", repeats, metric="bytes_per_sec", progress=progress)

@@ -156,5 +156,34 @@ def _plan(s: dict) -> list[str]:
     return rows
 
 
+def against(r: dict) -> str:
+    """A ratio summarised by sections.against_target: the median, its interval and, with a target,
+    whether the median meets it and whether the interval decides that."""
+    text = f"{_ratio_target(r['median'])} ({_interval(r['per_repeat'])}"
+    if "target" not in r:
+        return text + ")"
+    undecided = ", its interval holds both sides" if r["interval"] is not None and not r["decided"] else ""
+    return text + f"; target >= {r['target']}: {_met(r['met'])}{undecided})"
+
+
+def _image_task(s: dict) -> list[str]:
+    e, p = s["efficiency"], s["peer"]
+    return [*_comparison_rows(s["comparison"]),
+            f"  trainer efficiency (trainer / bare Horovod): {against(e)}",
+            f"  trainer / DDP: {against(p['trainer'])}",
+            f"  bare Horovod / DDP: {against(p['bare-hvd'])}",
+            f"  window: {s['window']}"]
+
+
+def _input_pipeline(s: dict) -> list[str]:
+    return [*_comparison_rows(s["comparison"]), f"  one loader worker / bare loop: {against(s['ratio'])}"]
+
+
+def _shard_read(s: dict) -> list[str]:
+    return [*_comparison_rows(s["comparison"], unit="bytes/s"),
+            f"  shard stream / bare boto3: {against(s['ratio'])}"]
+
+
 _RENDERERS = {"peer_study": _study, "headline": _headline, "checkpoint_stall": _stall,
-              "recovery": _recovery, "plan_time": _plan}
+              "recovery": _recovery, "plan_time": _plan, "shard_read": _shard_read,
+              "input_pipeline": _input_pipeline, "image_task": _image_task}

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.image_loop import ImageShape
 from bench.launch import BenchError, run_command, venv_bin
 from bench.peer import HorovodSettings, LoopShape
 from bench.stats import median_interval
@@ -46,7 +47,7 @@ class TrainerRun:
     """One trainer configuration to run; `checkpoint_every` 0 means no checkpoint store at all;
     `settings` None means the trainer's own defaults (no tuning flag or environment at all)."""
 
-    shape: LoopShape
+    shape: LoopShape | ImageShape  # the demo task's model on synthetic data, or the image task
     settings: HorovodSettings | None
     checkpoint_every: int
     endpoint_url: str | None = None
@@ -61,8 +62,7 @@ class TrainerRun:
 
     def trainer_args(self, metrics_file: Path, run_id: str) -> list[str]:
         s, h = self.shape, self.settings
-        args = ["--model", s.model, "--width", str(s.width), "--batch-size", str(s.batch_size),
-                "--steps", str(s.warmup + s.steps), "--data", "synthetic",
+        args = [*s.trainer_task_args(), "--batch-size", str(s.batch_size), "--steps", str(s.warmup + s.steps),
                 "--metrics-file", str(metrics_file), "--log-every", str(self.log_every), "--no-progress"]
         if h is not None:
             args += ["--compression", h.compression]

@@ -9,8 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.model import batch, build
-from bench.workerlib import apply_pin, apply_threads, report, timed_loop, worker_args
+from bench.workerlib import apply_pin, apply_threads, report, timed_loop, worker_args, workload
 
 
 def main() -> None:
@@ -20,11 +19,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cpus = apply_pin(args.pin, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(build(args.model, args.width))  # broadcasts rank 0's parameters
+    module, next_batch = workload(args, rank, world)
+    model = DistributedDataParallel(module)  # broadcasts rank 0's parameters
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * world, momentum=0.9)
-    x, y = batch(args.seed, rank, args.batch_size)
 
     def step(i: int) -> None:
+        x, y = next_batch()
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()

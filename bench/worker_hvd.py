@@ -12,8 +12,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from bench.model import batch, build
-from bench.workerlib import apply_pin, apply_threads, report, timed_loop, worker_args
+from bench.workerlib import apply_pin, apply_threads, report, timed_loop, worker_args, workload
 
 _TUNING_ENV = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_AUTOTUNE", "OMP_NUM_THREADS")
 
@@ -24,16 +23,16 @@ def main() -> None:
     hvd.init()
     cpus = apply_pin(args.pin, hvd.local_rank(), hvd.local_size())
     torch.manual_seed(args.seed)
-    model = build(args.model, args.width)
+    model, next_batch = workload(args, hvd.rank(), hvd.size())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size(), momentum=0.9)
     compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, groups=args.groups or None)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    x, y = batch(args.seed, hvd.rank(), args.batch_size)
 
     def step(i: int) -> None:
+        x, y = next_batch()
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()

@@ -22,7 +22,16 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200, help="timed steps (after warmup)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--model", choices=MODELS, default="cnn", help="the trainer's model (train/model.py)")
+    p.add_argument("--model", default="cnn",
+                   help=f"synthetic data: the trainer's model ({', '.join(MODELS)}; train/model.py); "
+                   "with --data DIR: a torchvision model by name")
+    p.add_argument("--data", default="synthetic",
+                   help="synthetic: one fixed batch per worker (bench/model.py); a directory of packed "
+                   "images: the image task's input pipeline over it (bench/image_loop.py)")
+    p.add_argument("--image-size", type=int, default=32, help="--data DIR: the crop fed to the model")
+    p.add_argument("--loader-workers", type=int, default=1, help="--data DIR: DataLoader processes")
+    p.add_argument("--prefetch", type=int, default=2, help="--data DIR: batches each loader process prepares")
+    p.add_argument("--readahead-shards", type=int, default=2, help="--data DIR: shards fetched ahead")
     p.add_argument("--width", type=int, default=32, help="channels (cnn) or hidden units (mlp)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: leave as is)")
     p.add_argument("--compression", choices=["none", "fp16"], default="none", help="Horovod only")
@@ -36,9 +45,26 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "width"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.warmup < 0 or args.threads < 0 or args.groups < 0:
-        p.error("--warmup, --threads and --groups must be >= 0")
+    if args.warmup < 0 or args.threads < 0 or args.groups < 0 or args.loader_workers < 0:
+        p.error("--warmup, --threads, --groups and --loader-workers must be >= 0")
+    if args.data == "synthetic" and args.model not in MODELS:
+        p.error(f"--model {args.model!r}: with synthetic data one of {', '.join(MODELS)}")
     return args
+
+
+def workload(args: argparse.Namespace, rank: int, world: int) -> tuple[torch.nn.Module, Callable[[], tuple]]:
+    """The model and a next-batch function: the trainer's model on its synthetic batch (the same batch
+    every step), or with --data the image task's model and input pipeline. Call after pinning: the
+    image pipeline's DataLoader processes inherit the worker's cores."""
+    if args.data != "synthetic":
+        from bench.image_loop import image_workload
+
+        return image_workload(args, rank, world)
+    from bench.model import batch, build
+
+    model = build(args.model, args.width)
+    x, y = batch(args.seed, rank, args.batch_size)
+    return model, lambda: (x, y)
 
 
 def apply_threads(threads: int) -> None:

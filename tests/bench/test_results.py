@@ -76,3 +76,64 @@ def test_the_committed_results_are_summaries_and_valid():
             results_mod.validate(doc)
             assert doc == results_mod.summary(doc), f"{path} holds raw samples"
         assert path.stat().st_size < 200_000, f"{path}: {path.stat().st_size} bytes"
+
+
+def _measured(started: str) -> dict:
+    return {"command": "scripts/bench --sections headline", "run_started_at": started, "started_at": started,
+            "finished_at": started, "load_avg": [3.0, 2.0, 1.0], "load_avg_end": [4.0, 3.0, 2.0],
+            "cpu_model": "Test CPU"}
+
+
+def test_a_run_of_some_sections_keeps_the_others_with_the_run_that_measured_them(results):
+    later = json.loads(json.dumps(results))
+    later.update(started_at="2026-02-01T00:00:00+00:00", command="scripts/bench --sections headline")
+    later["sections"] = {"headline": {**results["sections"]["headline"], "efficiency": {"remeasured": True},
+                                      "measured": _measured("2026-02-01T00:00:00+00:00")},
+                         "image_task": {"status": "failed", "reason": "x",
+                                        "measured": _measured("2026-02-01T00:00:00+00:00")}}
+    merged, kept = results_mod.merge(results, later)
+    assert kept == ["peer_study", "recovery"]
+    assert list(merged["sections"]) == ["peer_study", "headline", "recovery", "image_task"]
+    assert merged["sections"]["headline"] == later["sections"]["headline"]
+    assert merged["sections"]["image_task"] == later["sections"]["image_task"]
+    # a kept section says which run measured it: the earlier document's, from its own header
+    study = merged["sections"]["peer_study"]
+    assert study["measured"]["command"] == "scripts/bench"
+    assert study["measured"]["run_started_at"] == study["measured"]["started_at"] == results["started_at"]
+    assert study["comparison"] == results["sections"]["peer_study"]["comparison"]
+    assert merged["command"] == later["command"] and merged["started_at"] == later["started_at"]
+    results_mod.validate(merged)
+    # and the run after that keeps it as it is
+    again, _ = results_mod.merge(merged, {**later, "sections": {"recovery": results["sections"]["recovery"]}})
+    assert again["sections"]["peer_study"]["measured"] == study["measured"]
+
+
+def test_a_quick_run_and_a_full_one_are_never_merged(results):
+    quick = {**results, "quick": True, "sections": {"recovery": results["sections"]["recovery"]}}
+    assert results_mod.merge(results, quick) == (quick, [])
+    assert results_mod.merge(None, quick) == (quick, [])
+
+
+def test_a_partial_run_of_the_cli_loses_no_other_sections_figures(tmp_path, monkeypatch, capsys):
+    from bench import __main__ as cli
+
+    calls = {"a": 0}
+
+    def section_a(plan, progress):
+        calls["a"] += 1
+        return {"status": "ok", "value": calls["a"]}
+
+    monkeypatch.setattr(cli, "SECTIONS", {"a": section_a,
+                                          "b": lambda plan, progress: {"status": "ok", "b": 1}})
+    assert cli.main(["--sections", "a,b", "--out", str(tmp_path)]) == 0
+    first = json.loads((tmp_path / "latest.json").read_text())
+    assert cli.main(["--sections", "a", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "latest.json").read_text())
+    assert doc["sections"]["a"]["value"] == 2 and doc["sections"]["b"] == first["sections"]["b"]
+    assert doc["sections"]["b"]["measured"]["command"] == f"python -m bench --sections a,b --out {tmp_path}"
+    assert doc["sections"]["a"]["measured"]["command"].endswith("--sections a --out " + str(tmp_path))
+    # an unreadable results file is replaced, and the run says so
+    (tmp_path / "latest.json").write_text("{")
+    assert cli.main(["--sections", "a", "--out", str(tmp_path)]) == 0
+    assert list(json.loads((tmp_path / "latest.json").read_text())["sections"]) == ["a"]
+    assert "latest.json: not a results file" in capsys.readouterr().err

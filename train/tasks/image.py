@@ -120,6 +120,19 @@ class StreamBatches:
             yield samples
 
 
+def train_loader(decode: DecodeSamples, batches: StreamBatches, workers: int, prefetch: int,
+                 pin_memory: bool) -> torch.utils.data.DataLoader:
+    """The training DataLoader: `workers` processes decoding the batches `batches` deals out (0: in
+    this process). The benchmarks' bare loops build theirs here too (bench/image_loop.py)."""
+    return torch.utils.data.DataLoader(
+        decode, batch_sampler=batches, num_workers=workers, pin_memory=pin_memory,
+        persistent_workers=workers > 0, prefetch_factor=prefetch if workers else None,
+        worker_init_fn=ignore_stop_signals if workers else None,
+        # forkserver, as Horovod's pytorch_imagenet_resnet50.py: a fork of a process running
+        # Horovod's and the interconnect's threads is not safe everywhere
+        multiprocessing_context="forkserver" if workers else None)
+
+
 class ImageTask(Task):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -193,15 +206,9 @@ class ImageTask(Task):
                                                   position, readahead=a.readahead_shards)
         self._batches.positions.clear()
         if self._loader is None:
-            workers = a.loader_workers
-            self._loader = torch.utils.data.DataLoader(
-                DecodeSamples(a.image_size, train=True, augment=a.augment), batch_sampler=self._batches,
-                num_workers=workers, pin_memory=ctx.device.type == "cuda",
-                persistent_workers=workers > 0, prefetch_factor=a.prefetch if workers else None,
-                worker_init_fn=ignore_stop_signals if workers else None,
-                # forkserver, as Horovod's pytorch_imagenet_resnet50.py: a fork of a process running
-                # Horovod's and the interconnect's threads is not safe everywhere
-                multiprocessing_context="forkserver" if workers else None)
+            self._loader = train_loader(DecodeSamples(a.image_size, train=True, augment=a.augment),
+                                        self._batches, a.loader_workers, a.prefetch,
+                                        pin_memory=ctx.device.type == "cuda")
         for batch in self._loader:
             yield batch, self._batches.positions.popleft()
 
