@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,12 +52,29 @@ def test_unknown_argument_is_refused():
     assert "unknown argument '--bogus' (allowed: --force, --help)" in proc.stderr
 
 
+def installed_copy(dest: Path) -> None:
+    """Copy the virtual environment running these tests to `dest`, as hard links where the filesystem
+    allows (seconds, where a fresh install takes minutes; CI's own `scripts/setup` on a clean clone
+    is the fresh install). The copy stays a working venv: its interpreter is a link to the base
+    Python and pip finds its site-packages from `pyvenv.cfg` beside it. Setup writes the copy only
+    by creating files (pip unlinks a file before writing it: pip 25.3
+    `operations/install/wheel.py`, `ZipBackedFile.save`; `rm -f` precedes the marker's rewrite), so
+    the running venv's files are never written through a link. Outside a venv, `dest` stays absent and the
+    setup below installs from scratch."""
+    if sys.prefix == sys.base_prefix:
+        return
+    if subprocess.run(["cp", "-al", sys.prefix, str(dest)], capture_output=True).returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)
+        subprocess.run(["cp", "-a", sys.prefix, str(dest)], check=True)
+
+
 @pytest.mark.slow
 def test_failed_setup_does_not_look_installed_and_rerun_repairs(tmp_path):
     venv = tmp_path / "venv"
     marker = venv / ".ringtrain-setup"
     env = {"RINGTRAIN_VENV": str(venv)}  # the Horovod wheel cache is shared: no rebuild here
 
+    installed_copy(venv)  # stands for a first successful setup
     first = run_setup(env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     assert marker.exists()
