@@ -1,28 +1,22 @@
-"""What crosses from the trainer to its checkpoint writer process (train.checkpoint_writer).
+"""What crosses from the trainer to its checkpoint writer process: the state's layout in one buffer.
 
-The state's tensors are copied into one shared buffer (a memfd both processes map); the message
-carries the state with each tensor replaced by its Slot there, so the writer rebuilds the same state
-over the same memory without a second copy. Messages are length-prefixed pickles over a Unix socket,
-with file descriptors (the buffer's) passed alongside.
+The trainer copies each tensor into a buffer both processes map and sends the state with every tensor
+replaced by its Slot there; the writer rebuilds the state over that memory, with no second copy.
+train.resume lays a state out the same way to broadcast it tensor by tensor.
 """
 
 from __future__ import annotations
 
-import array
-import contextlib
 import math
-import os
-import pickle
-import socket
-import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 ALIGN = 64  # byte alignment of each tensor in the buffer (any dtype's view needs its element size)
-_LENGTH = struct.Struct("!Q")
-NOT_READY = object()  # recv_message(block=False): no message yet
+
+
+class CheckpointWriterError(RuntimeError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -93,68 +87,3 @@ def rebuild(skeleton, buffer) -> object:
         return built[id(x)]
 
     return map_tensors(skeleton, tensor_of)
-
-
-def send_message(sock: socket.socket, obj, fds: Sequence[int] = ()) -> None:
-    """The length, the pickle and any descriptors in one sendmsg."""
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    data = _LENGTH.pack(len(payload)) + payload
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg([data], ancillary)
-    if sent < len(data):
-        sock.sendall(memoryview(data)[sent:])
-
-
-def _recv_exactly(sock: socket.socket, n: int, head: bytes = b"") -> bytes | None:
-    data = bytearray(head)
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
-def recv_message(sock: socket.socket, max_fds: int = 0, block: bool = True):
-    """(message, received fds); None once the other end has closed (a reset too: the other end closed
-    with our message unread); NOT_READY when `block` is False and nothing has arrived yet."""
-    fds: list[int] = []
-    try:
-        flags = 0 if block else socket.MSG_DONTWAIT
-        if max_fds:
-            head, fds, _flags, _addr = socket.recv_fds(sock, _LENGTH.size, max_fds, flags)
-        else:
-            head = sock.recv(_LENGTH.size, flags)
-        header = _recv_exactly(sock, _LENGTH.size, head) if head else None
-        payload = header and _recv_exactly(sock, _LENGTH.unpack(header)[0])
-    except BlockingIOError:
-        return NOT_READY
-    except ConnectionResetError:
-        payload = None
-    if payload is None:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return pickle.loads(payload), fds
-
-
-class CheckpointWriterError(RuntimeError):
-    pass
-
-
-def describe_error(e: BaseException) -> tuple[bytes | None, str]:
-    """An error as the writer process sends it: pickled where it survives a round trip, and as text."""
-    try:
-        pickled = pickle.dumps(e)
-        pickle.loads(pickled)  # some exceptions pickle but do not unpickle (extra required args)
-    except Exception:  # noqa: BLE001 - the text still carries the error
-        pickled = None
-    return pickled, f"{type(e).__name__}: {e}"
-
-
-def as_exception(error: tuple[bytes | None, str]) -> BaseException:
-    pickled, text = error
-    if pickled is not None:
-        with contextlib.suppress(Exception):
-            return pickle.loads(pickled)
-    return CheckpointWriterError(text)

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import io
 import os
-import select
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 import warnings
 from collections import OrderedDict
+from multiprocessing import Pipe
 
 import psutil
 import pytest
@@ -21,7 +20,7 @@ import torch
 
 from train import checkpoint as ckpt
 from train.checkpoint_process import serve
-from train.checkpoint_wire import CheckpointWriterError, layout, rebuild, send_message
+from train.checkpoint_wire import CheckpointWriterError, layout, rebuild
 from train.checkpoint_writer import CheckpointWriter
 from train.storage import open_store
 
@@ -173,7 +172,7 @@ def test_a_submit_that_finds_the_previous_write_going_waits_for_it_and_counts_th
 
 
 def _reply_arrived(writer: CheckpointWriter) -> None:
-    assert select.select([writer._sock], [], [], 30)[0], "no reply from the writer in 30 s"
+    assert writer._conn.poll(30), "no reply from the writer in 30 s"
 
 
 def test_a_submit_after_the_previous_write_is_done_counts_no_wait(tmp_path):
@@ -296,8 +295,8 @@ def test_a_trainer_gone_with_ready_unread_ends_the_writer_quietly(tmp_path):
     # A trainer that stops on bad input (a checkpoint that does not fit) can close its end before it
     # reads the writer's "ready"; on a Unix socket the writer's next read is then a reset, which once
     # printed a traceback under the trainer's clean error message.
-    trainer, child = socket.socketpair()
-    send_message(child, ("ready", None, None))
+    trainer, child = Pipe()
+    child.send(("ready", None, None))
     trainer.close()
     try:
         serve(child, ckpt.CheckpointStore(open_store(str(tmp_path)), keep=1))  # returns: the trainer has gone
