@@ -8,7 +8,8 @@ Layout under the checkpoint URI:
                                    sampler position, counters; random streams are derived
                                    per step, see trainer.step_seed)
     step-000000050/manifest.json   {"format": ..., "step": 50, "objects": {"state.pt":
-                                   {"sha256": ..., "bytes": ...}}}  -- written LAST
+                                   {"sha256": ..., "bytes": ...}}, "write_bytes_per_s": ...}
+                                   -- written LAST
 
 A checkpoint exists only once its manifest does, and is valid only if every object matches the
 manifest's checksum; anything else (a write killed half-way, a corrupt object) is skipped with a
@@ -137,6 +138,7 @@ class SerializedStream:
 class Found:
     step: int
     state: dict
+    write_rate: float | None = None  # bytes/s its write reached (the manifest's write_bytes_per_s)
 
 
 class CheckpointStore:
@@ -170,11 +172,13 @@ class CheckpointStore:
             # A stale manifest from an earlier life of this step would vouch for objects being replaced.
             self.store.delete(f"{d}/{MANIFEST}")
         self._written.setdefault(step, set()).discard(MANIFEST)
+        started = time.perf_counter()
         stream = SerializedStream(state, cancelled)
         try:
             self.store.upload(f"{d}/{STATE}", stream, size_hint=tensor_bytes(state))
         finally:
             stream.close()
+        seconds = time.perf_counter() - started
         self._written[step].add(STATE)
         delay = float(os.environ.get(FAULT_DELAY_ENV, "0") or 0)
         if delay > 0:
@@ -184,6 +188,8 @@ class CheckpointStore:
             "step": step,
             "created_unix": time.time(),
             "objects": {STATE: {"sha256": stream.sha256.hexdigest(), "bytes": stream.nbytes}},
+            # serialized and uploaded; a resumed run predicts its stop checkpoint's time from it
+            "write_bytes_per_s": round(stream.nbytes / max(seconds, 1e-6)),
         }
         if cancelled is not None and cancelled.is_set():  # uploaded, but no longer wanted
             self.store.delete(f"{d}/{STATE}")
@@ -194,8 +200,8 @@ class CheckpointStore:
         self._prune(self._written)
         return stream.nbytes
 
-    def _verify(self, step: int) -> dict:
-        """The step's state, or raise ValueError saying why it is not a valid checkpoint."""
+    def read(self, step: int) -> Found:
+        """The step's checkpoint, or raise ValueError saying why it is not a valid one."""
         d = step_dir(step)
         try:
             manifest = json.loads(self.store.get(f"{d}/{MANIFEST}"))
@@ -218,7 +224,7 @@ class CheckpointStore:
             if hashlib.sha256(data).hexdigest() != objects[STATE]["sha256"]:
                 raise ValueError(f"{STATE} fails its sha256 check")
             try:
-                return load(data)
+                return Found(step, load(data), manifest.get("write_bytes_per_s"))
             except Exception as e:  # a matching checksum but unloadable bytes: still not usable
                 raise ValueError(f"{STATE} does not load: {e}") from None
 
@@ -226,7 +232,7 @@ class CheckpointStore:
         """The newest checkpoint that verifies; invalid newer ones are skipped with a warning."""
         for step in sorted(self._steps(), reverse=True):
             try:
-                return Found(step, self._verify(step))
+                return self.read(step)
             except ValueError as why:
                 warnings.warn(f"skipping checkpoint {self.store.uri}/{step_dir(step)}: {why}",
                               CheckpointWarning, stacklevel=2)

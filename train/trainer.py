@@ -151,6 +151,7 @@ class Trainer:
         self.resumed_from_step: int | None = None
         self.summary_printed = False
         self.saved_loss: float | None = None  # loss recorded in the checkpoint we resumed from
+        self.resumed_write_rate: float | None = None  # bytes/s its write reached (its manifest)
         # Run-level figures; they survive an elastic reset, which re-enters loop().
         self.initial_loss: float | None = None
         self.samples_total = 0
@@ -195,6 +196,7 @@ class Trainer:
             self.checkpoints = ckpt.CheckpointStore(store, cfg.checkpoint.keep)
             if self.hvd.rank() == 0 or cfg.horovod.elastic:
                 found = self.checkpoints.latest_valid()
+                self.resumed_write_rate = found.write_rate if found else None
             if self.hvd.rank() == 0:
                 _ = self.writer  # start the writer process now: its start-up overlaps the model build
         if self.hvd.rank() == 0:
@@ -229,6 +231,7 @@ class Trainer:
             writer, self._writer = self._writer, None
             try:
                 writer.close()
+                self._warn_if_writes_outlast_a_stop(writer.write_s_max, "a checkpoint write took")
             finally:
                 self.checkpoints_written += writer.written
                 self.checkpoint_wait_s += writer.waited_s
@@ -459,7 +462,7 @@ class Trainer:
         repeats). The final and safety checkpoints wait."""
         if self.hvd.rank() == 0:
             busy = self.writer.busy()
-            self._warn_if_writes_outlast_a_stop()
+            self._warn_if_writes_outlast_a_stop(self.writer.write_s_max, "a checkpoint write took")
             if defer_while_busy and busy:
                 self._defer(progress.step)
                 return
@@ -490,33 +493,31 @@ class Trainer:
         }
 
     def state_bytes(self) -> int:
-        tensors = {id(t): t for t in self.model.state_dict().values()}
-        for entry in self.optimizer.state.values():
-            tensors.update((id(t), t) for t in entry.values() if isinstance(t, torch.Tensor))
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return ckpt.tensor_bytes((self.model.state_dict(), self.optimizer.state))
 
     def report_stop_budget(self, stopped_at: float) -> None:
-        """Say how long the stop's checkpoint should take (at the last write's rate) against what is left
-        of the stop budget (RINGTRAIN_STOP_GRACE_S), so a stop that cannot make it is visible."""
+        """Say how long the stop's checkpoint should take (at the last write's rate, or the resumed
+        checkpoint's) against what is left of the stop budget (RINGTRAIN_STOP_GRACE_S), so a stop that
+        cannot make it is visible."""
         left = self.stop_budget_s - (time.monotonic() - stopped_at)
-        nbytes, rate = self.state_bytes(), self._writer.write_rate
-        expected = f"{nbytes / rate:.1f} s at the last write's {rate / 1e6:.0f} MB/s" if rate else "unknown"
+        nbytes, rate, whose = self.state_bytes(), self._writer.write_rate, "the last write's"
+        if rate is None:
+            rate, whose = self.resumed_write_rate, "the resumed checkpoint's"
+        expected = f"{nbytes / rate:.1f} s at {whose} {rate / 1e6:.0f} MB/s" if rate else "unknown"
         line = (f"ringtrain: stop checkpoint of {nbytes / 1e6:.0f} MB: expected write {expected}; "
                 f"{left:.0f} s of the {self.stop_budget_s:.0f} s stop budget left")
         if rate and nbytes / rate > left:
             line += " -- it may not finish before the node goes"
         print(line, file=sys.stderr, flush=True)
 
-    def _warn_if_writes_outlast_a_stop(self) -> None:
-        """Once: a measured write longer than the stop budget means a spot stop's checkpoint is lost."""
-        writer = self._writer
-        if self._slow_write_warned or writer is None or writer.write_s_max <= self.stop_budget_s:
+    def _warn_if_writes_outlast_a_stop(self, write_s: float, what: str) -> None:
+        """Once: a checkpoint write longer than the stop budget means a spot stop's checkpoint is lost."""
+        if self._slow_write_warned or write_s <= self.stop_budget_s:
             return
         self._slow_write_warned = True
-        warnings.warn(f"a checkpoint write took {writer.write_s_max:.0f} s, longer than the "
-                      f"{self.stop_budget_s:.0f} s a spot stop allows ({self.state_bytes() / 1e9:.1f} GB "
-                      f"state): a stop's checkpoint would not finish in time", ckpt.CheckpointWarning,
-                      stacklevel=3)
+        warnings.warn(f"{what} {write_s:.0f} s, longer than the {self.stop_budget_s:.0f} s a spot stop "
+                      f"allows ({self.state_bytes() / 1e6:.1f} MB state): a stop's checkpoint would not "
+                      "finish in time", ckpt.CheckpointWarning, stacklevel=3)
 
     def _defer(self, step: int) -> None:
         """Count a periodic checkpoint deferred at `step` (once, however many steps it waits); warn
@@ -540,6 +541,12 @@ class Trainer:
         t_start = t_window = time.perf_counter()
         window_samples = 0
         interrupted, stopped_at = False, 0.0
+        if hvd.rank() == 0 and self.checkpoints is not None and self.resumed_write_rate:
+            # before the first write measures it: from the rate the resumed checkpoint's write reached
+            rate = self.resumed_write_rate
+            self._warn_if_writes_outlast_a_stop(
+                self.state_bytes() / rate, f"the checkpoint resumed was written at {rate / 1e6:.2f} MB/s: "
+                "at that rate a checkpoint write takes")
         while progress.step < cfg.steps:
             stopping = self.train_step(progress)
             stop = stopping > 0

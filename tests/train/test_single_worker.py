@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 import sys
 import textwrap
@@ -130,12 +131,38 @@ def test_a_periodic_checkpoint_is_the_state_at_its_step(tmp_path):
     assert late.returncode == 0, late.stderr[-3000:]
     stopped = run(train_cmd("--steps", "3", "--checkpoint-dir", str(tmp_path / "stopped"), *common))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
-    a = ckpt.CheckpointStore(open_store(str(tmp_path / "late")), keep=3)._verify(3)
-    b = ckpt.CheckpointStore(open_store(str(tmp_path / "stopped")), keep=3)._verify(3)
+    a = ckpt.CheckpointStore(open_store(str(tmp_path / "late")), keep=3).read(3).state
+    b = ckpt.CheckpointStore(open_store(str(tmp_path / "stopped")), keep=3).read(3).state
     for name, tensor in b["model"].items():
         assert torch.equal(tensor, a["model"][name]), f"parameter {name} differs"
     for pid, st in b["optimizer"]["state"].items():
         assert torch.equal(st["momentum_buffer"], a["optimizer"]["state"][pid]["momentum_buffer"])
+
+
+def test_a_state_too_large_for_the_stop_budget_is_warned_about_at_start_after_a_resume(tmp_path):
+    """A fresh run learns its write rate from its first write (and warns then); each manifest records
+    it, so a resumed run warns at start-up, before it trains or writes anything."""
+    ck = tmp_path / "ck"
+    fresh = run(train_cmd("--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir", str(ck)),
+                env=worker_env({"RINGTRAIN_STOP_GRACE_S": "0.000001"}))
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    took = "train: warning: a checkpoint write took 0 s, longer than the 0 s a spot stop allows"
+    assert took in fresh.stderr
+    assert "the checkpoint resumed" not in fresh.stderr
+    manifest_path = ck / "step-000000004" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["write_bytes_per_s"] > 0
+    nbytes = manifest["objects"]["state.pt"]["bytes"]
+    manifest["write_bytes_per_s"] = nbytes // 200  # a store that takes about 200 s for this state
+    manifest_path.write_text(json.dumps(manifest))
+    resumed = run(train_cmd("--steps", "4", "--checkpoint-dir", str(ck)))  # nothing left to train
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert parse_summary(resumed.stdout).checkpoints_written == 0
+    said = re.search(r"train: warning: the checkpoint resumed was written at 0\.00 MB/s: at that rate a "
+                     r"checkpoint write takes (\d+) s, longer than the 100 s a spot stop allows \((\S+) MB "
+                     r"state\)", resumed.stderr)
+    assert said and 150 < int(said[1]) < 250 and float(said[2]) * 1e6 == pytest.approx(nbytes, rel=0.1), \
+        resumed.stderr
 
 
 def test_a_checkpoint_due_during_a_slow_write_is_deferred_and_training_does_not_wait(tmp_path, local_dataset):
