@@ -18,9 +18,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from typing import Any
 
 from cluster.backend import Backend, BackendError, FaultInjection, JobHandle, JobResult, Progress, Storage
 from cluster.job import JobSpec
+from cluster.run_data import Dataset, DatasetSpec, given
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 from train.summary import RunSummary
 
@@ -37,17 +40,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
-class DatasetSpec:
-    """The generated dataset written into the datasets bucket if it is not there yet."""
-
-    shards: int = 4
-    samples_per_shard: int = 1024
-    seed: int = 0
-
-
-@dataclass(frozen=True)
 class FlowOptions:
-    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    # written into the datasets bucket unless there; None: the job's own --data (cluster/run_data.py)
+    dataset: Dataset | None = field(default_factory=DatasetSpec)
     max_resubmits: int = 3
     reclaim_at_step: int | None = None     # fault injection: reclaim a host once this step is reached
     reclaim_host: str | None = None        # default: the last live host
@@ -107,20 +102,21 @@ class FlowInterrupted(Exception):
     """Ctrl-C or SIGTERM while the flow ran; teardown has run."""
 
 
-def trainer_args_for(job: JobSpec, storage: Storage) -> tuple[str, ...]:
-    """The job's trainer arguments plus where its data and checkpoints live (pure)."""
+def trainer_args_for(job: JobSpec, storage: Storage, dataset: Dataset | None) -> tuple[str, ...]:
+    """The job's trainer arguments plus where its data (the flow's `dataset`, None: the job's own) and
+    checkpoints live (pure). What the job's arguments already say wins."""
     args = list(job.trainer_args)
-    present = set(args)
-    if "--data" not in present:
-        args += ["--data", storage.dataset_uri]
-    if "--checkpoint-dir" not in present:
-        args += ["--checkpoint-dir", storage.checkpoint_uri]
-    if storage.endpoint_url and "--s3-endpoint-url" not in present:
-        args += ["--s3-endpoint-url", storage.endpoint_url]
-    if job.elastic and "--elastic" not in present:
+    added = dataset.trainer_args(dataset.uris(storage)) if dataset is not None else []
+    added += [("--checkpoint-dir", storage.checkpoint_uri)]
+    if storage.endpoint_url:
+        added.append(("--s3-endpoint-url", storage.endpoint_url))
+    for flag, value in added:
+        if not given(args, flag):
+            args += [flag, value]
+    if job.elastic and not given(args, "--elastic"):
         args.append("--elastic")
     # The flow draws its own progress bar from the metrics; a tqdm bar per attempt would garble the log.
-    if "--no-progress" not in present:
+    if not given(args, "--no-progress"):
         args.append("--no-progress")
     return tuple(args)
 
@@ -193,13 +189,13 @@ def format_summary(result: FlowResult) -> str:
     return "\n".join(lines)
 
 
-def ensure_dataset(storage: Storage, spec: DatasetSpec, out: Callable[[str], None] = print,
+def ensure_dataset(storage: Storage, dataset: Dataset, out: Callable[[str], None] = print,
                    timeout_s: float = 600) -> bool:
-    """Write the generated dataset to storage.dataset_uri unless its index is there. True if written."""
+    """Write `dataset` into storage's datasets bucket unless all its indexes are there. True if written."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, _, prefix = storage.dataset_uri.removeprefix("s3://").partition("/")
+    uris = dataset.uris(storage)
     env = storage.env
     client = boto3.client(
         "s3", endpoint_url=storage.endpoint_url,
@@ -207,32 +203,38 @@ def ensure_dataset(storage: Storage, spec: DatasetSpec, out: Callable[[str], Non
         aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
         region_name=env.get("AWS_DEFAULT_REGION"),
     )
-    try:
-        client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/index.json")
-        out(f"dataset {storage.dataset_uri} is there")
-        return False
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
-            raise BackendError(f"cannot read {storage.dataset_uri}: {e}") from e
-    except BotoCoreError as e:
-        raise BackendError(f"cannot reach the object store at {storage.endpoint_url}: {e}") from e
-    out(f"writing dataset {storage.dataset_uri} ({spec.shards} shards x {spec.samples_per_shard} samples)")
-    cmd = [sys.executable, "-m", "train.data", "generate", "--out", storage.dataset_uri,
-           "--shards", str(spec.shards), "--samples-per-shard", str(spec.samples_per_shard),
-           "--seed", str(spec.seed)]
-    import os
 
+    def present(uri: str) -> bool:
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        try:
+            client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/index.json")
+            return True
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise BackendError(f"cannot read {uri}: {e}") from e
+            return False
+        except BotoCoreError as e:
+            raise BackendError(f"cannot reach the object store at {storage.endpoint_url}: {e}") from e
+
+    where = " and ".join(uris.all())
+    if all(present(uri) for uri in uris.all()):
+        out(f"dataset already there: {where}")
+        return False
+    out(f"writing dataset {where} ({dataset.describe()})")
     env_all = {**os.environ, **env}
     if storage.endpoint_url:
         env_all["AWS_ENDPOINT_URL"] = storage.endpoint_url
-    try:
-        done = subprocess.run(cmd, cwd=REPO_ROOT, env=env_all, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"dataset generation did not finish within {timeout_s:g}s") from None
-    if done.returncode != 0:
-        raise BackendError(f"dataset generation failed (exit {done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip()[-500:]}")
+    deadline = time.monotonic() + timeout_s
+    with tempfile.TemporaryDirectory(prefix="ringtrain-data-") as scratch:
+        for cmd in dataset.commands(uris, Path(scratch)):
+            try:
+                done = subprocess.run(cmd, cwd=REPO_ROOT, env=env_all, capture_output=True, text=True,
+                                      timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise BackendError(f"writing the dataset did not finish within {timeout_s:g}s") from None
+            if done.returncode != 0:
+                raise BackendError(f"writing the dataset failed: `{' '.join(cmd[1:4])} ...` exited "
+                                   f"{done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}")
     return True
 
 
@@ -459,8 +461,9 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
         try:
             backend.up()
             storage = backend.storage(job.name)
-            ensure_dataset(storage, opts.dataset, out=out)
-            job = dataclasses.replace(job, trainer_args=trainer_args_for(job, storage),
+            if opts.dataset is not None:
+                ensure_dataset(storage, opts.dataset, out=out)
+            job = dataclasses.replace(job, trainer_args=trainer_args_for(job, storage, opts.dataset),
                                       env={**storage.env, **job.env})
             for attempt_no in range(1, opts.max_resubmits + 2):
                 started_at = time.time()

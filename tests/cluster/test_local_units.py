@@ -17,6 +17,7 @@ from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 from cluster.local import network, procs, ssh
 from cluster.local.backend import storage_for
+from cluster.run_data import DatasetSpec
 from infra.storage_layout import bucket_names
 from tests.summaries import run_summary
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
@@ -151,7 +152,7 @@ def test_job_exit_code_recovers_the_trainers_meaning(rc, codes, summary, expecte
 def test_trainer_args_add_data_checkpoints_endpoint_and_elastic():
     st = Storage(dataset_uri="s3://d/datasets/x", checkpoint_uri="s3://c/checkpoints/j", endpoint_url="http://e:1")
     job = JobSpec(name="j", num_hosts=2, elastic=True, trainer_args=("--steps", "10"))
-    args = trainer_args_for(job, st)
+    args = trainer_args_for(job, st, DatasetSpec())
     assert args[:2] == ("--steps", "10")
     assert args[args.index("--data"):args.index("--data") + 2] == ("--data", "s3://d/datasets/x")
     assert args[args.index("--checkpoint-dir") + 1] == "s3://c/checkpoints/j"
@@ -159,7 +160,7 @@ def test_trainer_args_add_data_checkpoints_endpoint_and_elastic():
     assert "--elastic" in args and "--no-progress" in args
     # What the job already says wins; AWS storage has no endpoint.
     job2 = JobSpec(name="j", num_hosts=1, trainer_args=("--data", "s3://mine/x"))
-    args2 = trainer_args_for(job2, Storage("s3://d/x", "s3://c/y"))
+    args2 = trainer_args_for(job2, Storage("s3://d/x", "s3://c/y"), DatasetSpec())
     assert args2.count("--data") == 1 and "s3://mine/x" in args2 and "--s3-endpoint-url" not in args2
     assert "--elastic" not in args2
 
@@ -227,6 +228,7 @@ def test_cli_gives_elastic_reclaims_an_interruption_notice():
     assert make_backend(_args("--elastic")).reclaim_notice_s == 3
     assert make_backend(_args("--elastic", "--reclaim-notice", "0")).reclaim_notice_s == 0
     assert make_backend(_args("--reclaim-grace", "2")).reclaim_grace_s == 2
+    assert make_backend(_args()).reclaim_grace_s == 30  # room for the image example's stop checkpoint
 
 
 def test_cli_elastic_passes_trainer_args_and_restores_the_host_later():
@@ -349,7 +351,7 @@ def test_local_workers_share_the_machines_cores():
 def test_cli_task_travels_in_the_trainer_argv_and_demo_keeps_its_model_flag():
     demo = job_from_args(_args("--model", "cnn"))
     assert demo.trainer_args[:2] == ("--model", "cnn") and "--task" not in demo.trainer_args
-    a = _args("--task", "/srv/tasks/my_task.py:MyTask", "--", "--hidden", "8")
+    a = _args("--task", "/srv/tasks/my_task.py:MyTask", "--", "--data", "synthetic", "--hidden", "8")
     check_args(a)
     job = job_from_args(a)
     assert job.trainer_args[:2] == ("--task", "/srv/tasks/my_task.py:MyTask")

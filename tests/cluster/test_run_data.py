@@ -1,0 +1,138 @@
+"""What `ringtrain run` trains on when the trainer gets no --data (cluster/run_data.py): which data the
+flow writes into the datasets bucket, which flags the trainer gets, and the refusal for a task it has no
+data for. Planning only: no cluster; one test writes the lm example into the session's object store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cluster import cli
+from cluster.backend import Storage
+from cluster.example_data import stdlib_source
+from cluster.flow import ensure_dataset, trainer_args_for
+from cluster.run_data import DatasetSpec, DigitsImages, StdlibText, plan_run_data
+from cluster.usage import UsageError
+from train.config import parse_args
+
+REPO = Path(__file__).resolve().parents[2]
+STORAGE = Storage("s3://p-datasets/datasets/demo", "s3://p-checkpoints/checkpoints/j", "http://e:1")
+
+
+def _run_args(*argv: str):
+    a = cli.build_parser().parse_args(["run", *argv])
+    cli.check_args(a)
+    return a
+
+
+def _value(args, flag: str) -> str:
+    args = list(args)
+    assert args.count(flag) == 1, args
+    return args[args.index(flag) + 1]
+
+
+def test_image_without_data_trains_on_the_digits_with_the_examples_small_model():
+    a = _run_args("--task", "image", "--steps", "40")
+    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    assert opts.dataset == DigitsImages()
+    args = trainer_args_for(job, STORAGE, opts.dataset)
+    assert _value(args, "--data") == "s3://p-datasets/datasets/digits/train"
+    assert _value(args, "--eval-data") == "s3://p-datasets/datasets/digits/eval"
+    assert _value(args, "--model") == "shufflenet_v2_x1_0" and _value(args, "--image-size") == "32"
+    cfg = parse_args(list(args))  # what the workers will parse: the example's flags are the task's own
+    assert cfg.task.name == "image" and cfg.task.args.model == "shufflenet_v2_x1_0" and cfg.steps == 40
+
+
+def test_lm_without_data_trains_on_the_stdlib_source_with_a_small_decoder():
+    a = _run_args("--task", "lm", "--", "--dim", "32", "--lr=0.002")
+    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    assert isinstance(opts.dataset, StdlibText)
+    args = trainer_args_for(job, STORAGE, opts.dataset)
+    assert _value(args, "--data").endswith("/stdlib-seq128/train")
+    assert _value(args, "--eval-data").endswith("/stdlib-seq128/eval")
+    cfg = parse_args(list(args))
+    assert (cfg.task.args.dim, cfg.task.args.layers, cfg.optim.lr) == (32, 2, 0.002)  # the user's flags win
+    assert "--lr" not in args  # only the user's --lr=0.002, not the example's as well
+
+
+@pytest.mark.parametrize("task", ["demo", "image", "lm", "tests/train/user_task.py:ParityTask"])
+@pytest.mark.parametrize("data", [["--data", "s3://mine/photos"], ["--data=/shared/photos"]])
+def test_a_given_data_is_used_as_is_and_nothing_is_written(task, data):
+    a = _run_args("--task", task, "--", *data, "--eval-data", "s3://mine/eval")
+    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    assert opts.dataset is None
+    args = trainer_args_for(job, STORAGE, None)
+    assert [x for x in args if x.startswith("--data")] == data[:1]
+    assert "--model" not in args or task == "demo"  # the example's sizes go with the example's data only
+    assert args.count("--eval-data") == 1
+
+
+def test_the_demo_keeps_its_generated_dataset_at_the_backends_dataset_uri():
+    a = _run_args("--dataset-shards", "2", "--samples-per-shard", "64", "--seed", "5")
+    opts = cli.options_from_args(a)
+    assert opts.dataset == DatasetSpec(shards=2, samples_per_shard=64, seed=5)
+    args = trainer_args_for(cli.job_from_args(a), STORAGE, opts.dataset)
+    assert _value(args, "--data") == STORAGE.dataset_uri and "--eval-data" not in args
+
+
+def test_the_examples_are_written_by_the_commands_that_pack_them(tmp_path):
+    uris = DigitsImages().uris(STORAGE)
+    write_pngs, pack = DigitsImages().commands(uris, tmp_path)
+    assert write_pngs[1:] == ["-m", "cluster.example_data", "digits", "--out", str(tmp_path / "digits")]
+    assert pack[1:6] == ["-m", "train.data", "pack", "images", "--src"]
+    assert _value(pack, "--out") == uris.train and _value(pack, "--eval-out") == uris.eval
+    [pack_text] = StdlibText().commands(StdlibText().uris(STORAGE), tmp_path)
+    sources = pack_text[pack_text.index("--src") + 1:pack_text.index("--out")]
+    assert sources and all(Path(s).is_dir() and Path(s).parent == stdlib_source() for s in sources)
+
+
+def test_a_task_without_data_that_the_command_cannot_prepare_is_refused_before_anything_starts(
+        tmp_path, monkeypatch, capsys):
+    task = tmp_path / "my_task.py"
+    shutil.copy(REPO / "tests" / "train" / "user_task.py", task)
+    with pytest.raises(UsageError) as e:
+        plan_run_data(f"{task}:ParityTask", ["--hidden", "8"], DatasetSpec())
+    assert "no --data after `--`" in str(e.value)
+
+    def no_cluster(_a):
+        raise AssertionError("a cluster was started")
+
+    monkeypatch.setattr(cli, "make_backend", no_cluster)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--task", f"{task}:ParityTask", "--", "--hidden", "8"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"run: error: --task {task}:ParityTask: no --data")
+    assert "(demo, image, lm)" in err and "-- --data synthetic" in err
+
+
+def test_a_task_file_relative_to_here_reaches_the_workers_as_an_absolute_path(tmp_path, monkeypatch):
+    (tmp_path / "tasks").mkdir()
+    monkeypatch.chdir(tmp_path)
+    job = cli.job_from_args(_run_args("--task", "tasks/my_task.py:T", "--", "--data", "synthetic"))
+    assert _value(job.trainer_args, "--task") == f"{tmp_path}/tasks/my_task.py:T"
+    assert _value(cli.job_from_args(_run_args("--task", "lm")).trainer_args, "--task") == "lm"
+
+
+def test_the_lm_example_is_written_once_into_the_store_and_reads_as_a_token_dataset(object_store, s3_bucket,
+                                                                                     monkeypatch):
+    from train import shards
+
+    for name, value in object_store.env().items():  # what the workers get, to read it back here
+        monkeypatch.setenv(name, value)
+    storage = Storage(f"s3://{s3_bucket}/datasets/demo", f"s3://{s3_bucket}/checkpoints/j",
+                      object_store.endpoint_url, object_store.env())
+    small = StdlibText(packages=("json",), samples_per_shard=200, eval_fraction=0.1)
+    said: list[str] = []
+    assert ensure_dataset(storage, small, out=said.append) is True
+    uris = small.uris(storage)
+    train = shards.open_dataset(uris.train, object_store.endpoint_url, "tokens")
+    held_out = shards.open_dataset(uris.eval, object_store.endpoint_url, "tokens")
+    assert train.index["seq_len"] == 128 and held_out.index["samples"] > 0
+    assert ensure_dataset(storage, small, out=said.append) is False  # there already: not written again
+    assert said[-1] == f"dataset already there: {uris.train} and {uris.eval}"
+    assert json.loads(object_store.client().get_object(
+        Bucket=s3_bucket, Key="datasets/stdlib-seq128/train/index.json")["Body"].read())["kind"] == "tokens"
