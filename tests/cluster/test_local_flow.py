@@ -6,7 +6,10 @@ summary and on nothing being left behind.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,6 +150,30 @@ def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
     assert result.summary.final_loss < result.summary.initial_loss
     assert_ran_the_mpijobs_launcher(backend, elastic=True)
     assert leftovers(**_cluster(backend.seen)) == []
+
+
+def test_a_users_task_file_outside_the_repository_trains_through_ringtrain_run_and_resumes(tmp_path):
+    """`scripts/run --task path.py:Class` minus setup: the user's file, outside the repository, on 2 local
+    hosts, reclaimed mid-run and resumed, from a directory that is not the repository."""
+    _trainer_available()
+    task = tmp_path / "elsewhere" / "my_task.py"
+    task.parent.mkdir()
+    shutil.copy(REPO / "tests" / "train" / "user_task.py", task)
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [RINGTRAIN, "run", "--task", f"{task}:ParityTask", "--job-name", "usertask", "--steps", "30",
+         "--checkpoint-every", "10", "--reclaim-at-step", "12", "--no-progress", "--run-dir", str(run_dir),
+         "--", "--data", "synthetic", "--hidden", "32", "--lr", "0.05", "--log-every", "2"],
+        cwd=task.parent, env={**os.environ, **STEP_PACING}, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = (run_dir / "summary.txt").read_text()
+    interrupted = re.search(r"attempt 1: from scratch, reached step (\d+), interrupted", summary)
+    assert interrupted and 12 <= int(interrupted.group(1)) < 30, summary
+    assert f"attempt 2: resumed from step {interrupted.group(1)}, reached step 30, exit 0" in summary, summary
+    assert "reclaimed          host-1" in summary
+    losses = [m["loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if "loss" in m]
+    assert sum(losses[-3:]) < sum(losses[:3]), losses  # the hidden layer trained: the loss fell
 
 
 def test_ctrl_c_tears_everything_down():
