@@ -12,8 +12,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from bench import checkpoint_throughput, sections, table
 from bench import results as results_mod
-from bench import sections, table
 from bench.launch import BenchError
 from bench.machine import machine_info, versions
 
@@ -26,6 +26,7 @@ SECTIONS = {
     "shard_read": sections.shard_read_section,
     "input_pipeline": sections.input_pipeline_section,
     "image_task": sections.image_task_section,
+    "checkpoint_throughput": checkpoint_throughput.section,
 }
 
 
@@ -68,7 +69,9 @@ def plan_for(args: argparse.Namespace) -> sections.Plan:
         return plan
     return dataclasses.replace(plan, repeats=args.repeats, headline_repeats=args.repeats,
                                stall_repeats=args.repeats, image_repeats=args.repeats,
-                               pipeline_repeats=args.repeats)
+                               pipeline_repeats=args.repeats,
+                               throughput_sizes=tuple(dataclasses.replace(z, repeats=args.repeats)
+                                                      for z in plan.throughput_sizes))
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:

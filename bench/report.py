@@ -262,6 +262,7 @@ def markdown(r: dict) -> str:
                 f"{'; '.join(rows)}.", ""]
     out += _image_task_block(s.get("image_task", {}))
     out += _input_pipeline_block(s.get("shard_read", {}), s.get("input_pipeline", {}))
+    out += _checkpoint_throughput_block(s.get("checkpoint_throughput", {}))
     failed = [f"{name} ({sec['status']}: {sec.get('reason', '')[:200]})" for name, sec in s.items()
               if sec.get("status") != "ok"]
     if failed:
@@ -379,6 +380,18 @@ def _input_pipeline_block(read: dict, decode: dict) -> list[str]:
             "|---|---:|---:|---|---|", *rows, ""]
 
 
+def _checkpoint_throughput_block(tp: dict) -> list[str]:
+    if tp.get("status") != "ok":
+        return []
+    rows = [_ratio_row(f"{direction} of a {z['bytes'] / 1e9:.2f} GB state ({_repeats(z['repeats'])})",
+                       z[direction]["ours_mb_s"], z[direction]["bare_mb_s"], z[direction], unit=" MB/s")
+            for z in tp["sizes"] for direction in ("write", "restore")]
+    return [f"**Checkpoint write and restore against a bare boto3 transfer of the same bytes** ({tp['store']}"
+            f"{_section_load(tp)}; ours / bare, ratio = the bare transfer's time over ours. {tp['method']}):",
+            "", "| checkpoint | median MB/s, ours / bare | ratio | 95 % interval of the ratio | target |",
+            "|---|---:|---:|---|---|", *rows, ""]
+
+
 def results_page(r: dict, reading: str) -> str:
     """bench/RESULTS.md: every figure of `r` with its method, then the hand-written reading."""
     return "\n".join([
@@ -435,6 +448,11 @@ def readme_table(r: dict) -> str:
                        ("input_pipeline", "one DataLoader worker / bare decoding loop (samples/s)")):
         if s.get(name, {}).get("status") == "ok":
             rows.append(_readme_row(what, s[name]["ratio"]))
+    tp = s.get("checkpoint_throughput", {})
+    if tp.get("status") == "ok":
+        rows += [_readme_row(f"checkpoint {direction} of a {z['bytes'] / 1e9:.1f} GB state / a bare boto3 "
+                             "transfer of its bytes to the local S3 store (throughput)", z[direction])
+                 for z in tp["sizes"] for direction in ("write", "restore")]
     runs = _runs(r)
     dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
     by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by " + \

@@ -1,4 +1,5 @@
-"""The benchmark sections. Each returns a JSON-able dict with a "status" and its figures."""
+"""The benchmark sections (checkpoint_throughput's is bench/checkpoint_throughput.py). Each returns a
+JSON-able dict with a "status" and its figures."""
 
 from __future__ import annotations
 
@@ -112,6 +113,15 @@ class StallSize:
 
 
 @dataclass(frozen=True)
+class ThroughputSize:
+    """One state size of the checkpoint-throughput section (decimal MB of float32 tensor data) and
+    its number of paired repeats (bench/checkpoint_throughput.py)."""
+
+    size_mb: int
+    repeats: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """How big each section is: the full run and --quick differ only here."""
 
@@ -136,6 +146,7 @@ class Plan:
     decode_shape: DecodeShape        # input pipeline: one DataLoader worker vs a bare decode loop
     read_shape: ReadShape            # shard stream vs bare boto3
     pipeline_repeats: int            # both input-pipeline comparisons
+    throughput_sizes: tuple[ThroughputSize, ...]  # checkpoint throughput: state sizes and their repeats
 
 
 FULL = Plan(
@@ -171,6 +182,11 @@ FULL = Plan(
     # 10 repeats give each ratio an interval from the 2nd to the 9th per-repeat ratio.
     decode_shape=DecodeShape(shards=4, per_shard=128), read_shape=ReadShape(shards=8, shard_mb=4),
     pipeline_repeats=10,
+    # 0.1, 1 and 4 GB states (issue 28). Six pairs are the fewest with a 95 % interval of the median
+    # (bench.stats.median_interval); one 4 GB pair took 3.7 minutes here (write 65 + 54 s, restore
+    # 71 + 25 s, at a load average of 7 to 13), so the two large sizes get six: ~35 minutes in all.
+    throughput_sizes=(ThroughputSize(100, repeats=12), ThroughputSize(1000, repeats=6),
+                      ThroughputSize(4000, repeats=6)),
 )
 QUICK = Plan(
     repeats=1, headline_repeats=1, study_shape=LoopShape(steps=30, warmup=10, width=16),
@@ -184,6 +200,8 @@ QUICK = Plan(
     image_repeats=1,
     decode_shape=DecodeShape(shards=2, per_shard=32), read_shape=ReadShape(shards=4, shard_mb=1),
     pipeline_repeats=2,
+    # multipart on both sides, as at every real size: two parts of ours (16 MiB), three of boto3's (8 MiB)
+    throughput_sizes=(ThroughputSize(20, repeats=2),),
 )
 
 

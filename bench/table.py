@@ -184,6 +184,19 @@ def _shard_read(s: dict) -> list[str]:
             f"  shard stream / bare boto3: {against(s['ratio'])}"]
 
 
+def _checkpoint_throughput(s: dict) -> list[str]:
+    rows = [f"  {'state MB':>9} {'repeats':>8} {'':8} {'ours MB/s':>10} {'bare MB/s':>10}   "
+            "ours / bare boto3"]
+    for z in s["sizes"]:
+        for direction in ("write", "restore"):
+            f = z[direction]
+            rows.append(f"  {z['bytes'] / 1e6:>9.0f} {z['repeats']:>8} {direction:8} {f['ours_mb_s']:>10.1f} "
+                        f"{f['bare_mb_s']:>10.1f}   {against(f)}")
+    rows.append("  ratio = the bare boto3 transfer's time / ours, per repeat, median")
+    return rows
+
+
 _RENDERERS = {"peer_study": _study, "headline": _headline, "checkpoint_stall": _stall,
               "recovery": _recovery, "plan_time": _plan, "shard_read": _shard_read,
-              "input_pipeline": _input_pipeline, "image_task": _image_task}
+              "input_pipeline": _input_pipeline, "image_task": _image_task,
+              "checkpoint_throughput": _checkpoint_throughput}

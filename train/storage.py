@@ -161,32 +161,38 @@ class LocalStore(Store):
             raise BadInput(f"{self.root}: no such directory")
 
 
+def s3_client(endpoint_url: str | None):
+    """The boto3 S3 client every S3Store uses: bounded retries and timeouts, no extra pass over the
+    bytes (below)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url or None,
+        config=Config(
+            retries={"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"},
+            connect_timeout=S3_CONNECT_TIMEOUT_S,
+            read_timeout=S3_READ_TIMEOUT_S,
+            # No extra pass over the bytes of every upload, on the training node: neither
+            # botocore's CRC32 (its default since 1.36) nor its SigV4 payload sha256 (made over
+            # http always, and over https once no checksum header is sent). Checkpoints carry
+            # their own sha256 in the manifest, checked on every read, and AWS traffic is TLS;
+            # each pass cost 20-50 ms of client CPU per 35 MB checkpoint (bench/, checkpoint
+            # stall). The request headers are still signed.
+            request_checksum_calculation="when_required",
+            s3={"payload_signing_enabled": False},
+        ),
+    )
+
+
 class S3Store(Store):
     def __init__(self, uri: str, endpoint_url: str | None):
-        import boto3
-        from botocore.config import Config
-
         self.uri = uri
         self.endpoint_url = endpoint_url
         self.bucket, self.prefix = split_s3_uri(uri)
         self.part_bytes = _part_bytes(os.environ.get(S3_PART_ENV))
-        self._client = boto3.client(
-            "s3",
-            endpoint_url=endpoint_url or None,
-            config=Config(
-                retries={"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"},
-                connect_timeout=S3_CONNECT_TIMEOUT_S,
-                read_timeout=S3_READ_TIMEOUT_S,
-                # No extra pass over the bytes of every upload, on the training node: neither
-                # botocore's CRC32 (its default since 1.36) nor its SigV4 payload sha256 (made over
-                # http always, and over https once no checksum header is sent). Checkpoints carry
-                # their own sha256 in the manifest, checked on every read, and AWS traffic is TLS;
-                # each pass cost 20-50 ms of client CPU per 35 MB checkpoint (bench/, checkpoint
-                # stall). The request headers are still signed.
-                request_checksum_calculation="when_required",
-                s3={"payload_signing_enabled": False},
-            ),
-        )
+        self._client = s3_client(endpoint_url)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
