@@ -16,8 +16,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
+import re
 import shutil
 import signal
 import sys
@@ -119,8 +121,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="leave the cluster up after the run (local: until you press Ctrl-C)")
 
     train = r.add_argument_group("training")
-    train.add_argument("--job-name", default="demo",
-                       help="job name: lower-case letters, digits, '-' (default demo)")
+    train.add_argument("--job-name", default=None,
+                       help="job name: lower-case letters, digits, '-'; it names the job's checkpoints, "
+                            "which a later job of that name resumes from (default: the task's name)")
     train.add_argument("--steps", type=int, default=300, help="optimizer steps in total (default 300)")
     train.add_argument("--task", default="demo",
                        help="what to train (default demo): a built-in task (demo, image, lm: each with "
@@ -138,9 +141,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="elastic: keep training while at least this many hosts live (default 1)")
     train.add_argument("--max-resubmits", type=int, default=3,
                        help="resubmit an interrupted (exit 75) job at most this often (default 3)")
-    train.add_argument("--dataset-shards", type=int, default=4, help="generated dataset: shards (default 4)")
-    train.add_argument("--samples-per-shard", type=int, default=1024,
-                       help="generated dataset: samples per shard (default 1024)")
+    train.add_argument("--dataset-shards", type=int, default=None,
+                       help="the demo's generated dataset: shards (default 4)")
+    train.add_argument("--samples-per-shard", type=int, default=None,
+                       help="the demo's generated dataset: samples per shard (default 1024)")
     train.add_argument("--seed", type=int, default=0, help="dataset and training seed (default 0)")
 
     fault = r.add_argument_group("fault injection (local backend)")
@@ -185,8 +189,12 @@ def check_args(a: argparse.Namespace) -> None:
         problems.append(f"--checkpoint-every {a.checkpoint_every}: must be >= 0 (0: only at the end)")
     if a.max_resubmits < 0:
         problems.append(f"--max-resubmits {a.max_resubmits}: must be >= 0")
-    if a.dataset_shards < 1 or a.samples_per_shard < 1:
+    sizes = [v for v in (a.dataset_shards, a.samples_per_shard) if v is not None]
+    if any(v < 1 for v in sizes):
         problems.append("--dataset-shards and --samples-per-shard: must be >= 1")
+    if sizes and a.task != "demo":
+        problems.append("--dataset-shards/--samples-per-shard: the demo's generated dataset; "
+                        f"--task {a.task} trains on its own data")
     if a.model is not None and a.task != "demo":
         problems.append(f"--model {a.model}: the demo task's model; --task {a.task} takes its own flags "
                         f"after `--` (see `python -m train --task {a.task} --help`)")
@@ -212,7 +220,7 @@ def check_args(a: argparse.Namespace) -> None:
     elif a.stack:
         problems.append("--stack: only with --backend aws")
     try:
-        JobSpec(name=a.job_name, num_hosts=a.hosts)
+        JobSpec(name=job_name_of(a), num_hosts=a.hosts)
     except ValueError as e:
         problems.append(f"--job-name: {e}")
     if a.trainer_args and a.trainer_args[0] != "--":
@@ -246,8 +254,21 @@ def _extra_trainer_args(a: argparse.Namespace) -> list[str]:
 
 def run_data_from_args(a: argparse.Namespace) -> RunData:
     """What the run trains on (cluster/run_data.py); UsageError for a task with no data."""
-    demo = DatasetSpec(shards=a.dataset_shards, samples_per_shard=a.samples_per_shard, seed=a.seed)
+    demo = DatasetSpec(seed=a.seed)
+    if a.dataset_shards is not None:
+        demo = dataclasses.replace(demo, shards=a.dataset_shards)
+    if a.samples_per_shard is not None:
+        demo = dataclasses.replace(demo, samples_per_shard=a.samples_per_shard)
     return plan_run_data(a.task, _extra_trainer_args(a), demo)
+
+
+def job_name_of(a: argparse.Namespace) -> str:
+    """--job-name, else the task's name: a built-in's, or its class's in lower case (pure). Per task, so
+    that a run of one task does not resume from another's checkpoints (checkpoints/<job-name>)."""
+    if a.job_name is not None:
+        return a.job_name
+    name = a.task if ":" not in a.task else a.task.rpartition(":")[2]
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-") or "task"
 
 
 def task_spec_for_workers(spec: str) -> str:
@@ -268,7 +289,7 @@ def job_from_args(a: argparse.Namespace) -> JobSpec:
     trainer_args = [*task_args, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
                     "--checkpoint-every", str(a.checkpoint_every), "--seed", str(a.seed),
                     *run_data_from_args(a).trainer_flags, *extra]
-    return JobSpec(name=a.job_name, num_hosts=a.hosts, slots_per_host=a.slots_per_host, elastic=a.elastic,
+    return JobSpec(name=job_name_of(a), num_hosts=a.hosts, slots_per_host=a.slots_per_host, elastic=a.elastic,
                    min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer_args=tuple(trainer_args))
 
 

@@ -171,9 +171,11 @@ def test_a_users_task_file_outside_the_repository_trains_through_ringtrain_run_a
     assert interrupted and 12 <= int(interrupted.group(1)) < 30, summary
     assert f"attempt 2: resumed from step {interrupted.group(1)}, reached step 30, exit 0" in summary, summary
     assert "reclaimed          host-1" in summary
-    losses = [m["loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-              if "loss" in m]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in records if "loss" in m]
     assert sum(losses[-3:]) < sum(losses[:3]), losses  # the hidden layer trained: the loss fell
+    # the task's evaluation ran over both workers' shares (2 batches of 32 each), summed over both
+    assert [m["eval_samples"] for m in records if "eval_samples" in m] == [128]
 
 
 def test_ctrl_c_tears_everything_down():

@@ -71,9 +71,13 @@ def test_a_given_data_is_used_as_is_and_nothing_is_written(task, data):
 
 
 def test_the_demo_keeps_its_generated_dataset_at_the_backends_dataset_uri():
+    assert cli.options_from_args(_run_args()).dataset == DatasetSpec(shards=4, samples_per_shard=1024)
     a = _run_args("--dataset-shards", "2", "--samples-per-shard", "64", "--seed", "5")
     opts = cli.options_from_args(a)
     assert opts.dataset == DatasetSpec(shards=2, samples_per_shard=64, seed=5)
+    with pytest.raises(UsageError) as e:  # the generated dataset's sizes mean nothing to another task
+        _run_args("--task", "image", "--dataset-shards", "2")
+    assert "--dataset-shards/--samples-per-shard: the demo's generated dataset; --task image" in str(e.value)
     args = trainer_args_for(cli.job_from_args(a), STORAGE, opts.dataset)
     assert _value(args, "--data") == STORAGE.dataset_uri and "--eval-data" not in args
 
@@ -136,3 +140,12 @@ def test_the_lm_example_is_written_once_into_the_store_and_reads_as_a_token_data
     assert said[-1] == f"dataset already there: {uris.train} and {uris.eval}"
     assert json.loads(object_store.client().get_object(
         Bucket=s3_bucket, Key="datasets/stdlib-seq128/train/index.json")["Body"].read())["kind"] == "tokens"
+
+
+@pytest.mark.parametrize(("argv", "name"), [
+    ([], "demo"), (["--task", "image"], "image"), (["--task", "lm"], "lm"),
+    (["--task", "/x/my_task.py:ParityTask", "--", "--data", "synthetic"], "paritytask"),
+    (["--task", "image", "--job-name", "digits-1"], "digits-1"),
+])
+def test_each_task_is_its_own_job_so_it_never_resumes_from_another_tasks_checkpoints(argv, name):
+    assert cli.job_from_args(_run_args(*argv)).name == name
