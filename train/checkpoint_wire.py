@@ -71,17 +71,17 @@ def layout(state) -> tuple[object, list[tuple[torch.Tensor, Slot]], int]:
     return map_tensors(state, slot_of), tensors, end
 
 
-def rebuild(skeleton, buffer) -> object:
-    """The state, each Slot replaced by a tensor over `buffer`. Each tensor gets a storage of its own,
-    so torch.save writes each one separately, as it would the live tensors; one Slot object (a tied
-    tensor, kept one object by pickling) is one tensor."""
+def rebuild(skeleton, buffer=None) -> object:
+    """The state, each Slot replaced by a tensor over `buffer` (None: a new one of its own). Each gets a
+    storage of its own, so torch.save writes each separately, as it would the live tensors; one Slot
+    object (a tied tensor, kept one object by pickling) is one tensor."""
     built: dict[int, torch.Tensor] = {}
 
     def tensor_of(x):
         if not isinstance(x, Slot):
             return x
         if id(x) not in built:  # by identity: an empty tensor's offset may equal the next one's
-            built[id(x)] = (torch.empty(x.shape, dtype=x.dtype) if x.numel == 0 else
+            built[id(x)] = (torch.empty(x.shape, dtype=x.dtype) if buffer is None or x.numel == 0 else
                             torch.frombuffer(buffer, dtype=x.dtype, count=x.numel, offset=x.offset)
                             .view(x.shape))
         return built[id(x)]

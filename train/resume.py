@@ -11,32 +11,21 @@ from __future__ import annotations
 
 import torch
 
-from train.checkpoint_wire import Slot, layout, map_tensors
+from train.checkpoint_wire import layout, rebuild
 
 PIECE_BYTES = 256 << 20  # well inside any 32-bit count, and within Horovod's usual fusion sizes
 
 
 def broadcast_state(hvd, state: dict | None) -> dict | None:
     """`state` as rank 0 has it (None there: None everywhere); other ranks pass None."""
-    skeleton, tensors = None, []
-    if hvd.rank() == 0 and state is not None:
-        skeleton, pairs, _ = layout(state)
-        tensors = [tensor for tensor, _slot in pairs]
+    skeleton = layout(state)[0] if hvd.rank() == 0 and state is not None else None
     skeleton = hvd.broadcast_object(skeleton, root_rank=0, name="ringtrain.resume.layout")
     if skeleton is None:
         return None
     if hvd.rank() != 0:
-        built: dict[int, torch.Tensor] = {}
-
-        def allocate(x):
-            if isinstance(x, Slot) and id(x) not in built:  # one object per tied tensor (pickle keeps it)
-                built[id(x)] = torch.empty(x.shape, dtype=x.dtype)
-                tensors.append(built[id(x)])
-            return built[id(x)] if isinstance(x, Slot) else x
-
-        state = map_tensors(skeleton, allocate)
+        state = rebuild(skeleton)  # empty tensors, in the same order as rank 0's below
     handles = []
-    for i, tensor in enumerate(tensors):
+    for i, (tensor, _slot) in enumerate(layout(state)[1]):
         data = tensor.reshape(-1).view(torch.uint8)  # a view: the broadcast fills `tensor` in place
         for j, start in enumerate(range(0, data.numel(), PIECE_BYTES)):
             handles.append(hvd.broadcast_async_(data[start:start + PIECE_BYTES], root_rank=0,

@@ -73,6 +73,10 @@ def test_layout_and_rebuild_round_trip_in_memory():
     _assert_same(state, rebuilt)
     assert rebuilt["model"]["tied"] is rebuilt["model"]["w"]
     assert rebuilt["model"]._metadata == {"": {"version": 1}}
+    # without a buffer (train.resume: a rank that receives the state): new tensors, laid out alike
+    fresh = rebuild(skeleton)
+    assert fresh["model"]["tied"] is fresh["model"]["w"] and fresh["model"]["w"].shape == (8, 3)
+    assert [slot for _, slot in layout(fresh)[1]] == [slot for _, slot in tensors]
 
 
 @pytest.mark.filterwarnings("ignore::train.checkpoint.CheckpointWarning")  # back-to-back submits wait
