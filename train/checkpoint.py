@@ -64,9 +64,10 @@ def save(state: dict, f: BinaryIO) -> None:
         torch.save(state, f)
 
 
-def load(f) -> dict:
-    # weights_only: a checkpoint read from shared storage must not be able to run code.
-    return torch.load(f, map_location="cpu", weights_only=True)
+def load(f, mmap: bool = False) -> dict:
+    """`mmap` (f a path): the tensors use the file's pages, no copy. weights_only: a checkpoint read
+    from shared storage must not be able to run code."""
+    return torch.load(f, map_location="cpu", weights_only=True, mmap=mmap)
 
 
 def tensor_bytes(state) -> int:
@@ -216,17 +217,17 @@ class CheckpointStore:
         if STATE not in objects:
             raise ValueError(f"manifest lists no {STATE}")
         try:
-            data = self.store.read_mapped(f"{d}/{STATE}")
+            # (an empty one raises ValueError: not a checkpoint either)
+            digest = hashlib.sha256()
+            with self.store.mapped_file(f"{d}/{STATE}", digest) as path:
+                if digest.hexdigest() != objects[STATE]["sha256"]:
+                    raise ValueError(f"{STATE} fails its sha256 check")
+                try:  # the state's tensors map the bytes just checked (a store never rewrites them)
+                    return Found(step, load(path, mmap=True), manifest.get("write_bytes_per_s"))
+                except Exception as e:  # a matching checksum but unloadable bytes: still not usable
+                    raise ValueError(f"{STATE} does not load: {e}") from None
         except FileNotFoundError:
             raise ValueError(f"{STATE} missing") from None
-        # (an empty one raises ValueError: not a checkpoint either)
-        with data:
-            if hashlib.sha256(data).hexdigest() != objects[STATE]["sha256"]:
-                raise ValueError(f"{STATE} fails its sha256 check")
-            try:
-                return Found(step, load(data), manifest.get("write_bytes_per_s"))
-            except Exception as e:  # a matching checksum but unloadable bytes: still not usable
-                raise ValueError(f"{STATE} does not load: {e}") from None
 
     def latest_valid(self) -> Found | None:
         """The newest checkpoint that verifies; invalid newer ones are skipped with a warning."""

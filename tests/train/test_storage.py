@@ -6,6 +6,7 @@ import io
 import json
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from cluster.local.objectstore import LOCAL_CREDENTIALS, ObjectStore, free_port
 from train import checkpoint as ckpt
 from train import data as data_mod
 from train.errors import BadInput
-from train.storage import open_store
+from train.storage import LocalStore, open_store
 
 
 @pytest.fixture
@@ -145,6 +146,32 @@ def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints)
     messages = [str(w.message) for w in caught]
     assert any("step-000000030: no manifest" in m for m in messages)
     assert any("step-000000020: state.pt fails its sha256 check" in m for m in messages)
+
+
+def _mapping_of(tensor: torch.Tensor) -> str:
+    """The name of the memory mapping that holds `tensor`'s bytes ('' for anonymous memory)."""
+    address = tensor.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, _perms, _offset, _dev, _inode, *name = line.split(maxsplit=5)
+        start, end = (int(x, 16) for x in span.split("-"))
+        if start <= address < end:
+            return name[0] if name else ""
+    raise AssertionError(f"no mapping holds address {address:#x}")
+
+
+def test_a_restored_state_maps_the_checked_bytes_instead_of_copying_them(checkpoints, tmp_path):
+    """torch.load copied a mapped checkpoint twice (its read(), then the tensor's storage), a third
+    of a 1 GB restore here; now the tensors use the pages the sha256 was computed over: a local
+    store's file, or the in-memory file (memfd) an S3 object was fetched into."""
+    state = _big_state(6)
+    checkpoints.write(1, state)
+    found = checkpoints.latest_valid()
+    assert torch.equal(found.state["w"], state["w"])
+    where = _mapping_of(found.state["w"])
+    if isinstance(checkpoints.store, LocalStore):
+        assert where == str(tmp_path / "ck" / "step-000000001" / "state.pt")
+    else:
+        assert where.startswith("/memfd:ringtrain-") and where.endswith("state.pt (deleted)"), where
 
 
 def test_manifest_is_written_last(tmp_path, monkeypatch):
