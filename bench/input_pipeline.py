@@ -19,6 +19,8 @@ import numpy as np
 
 from bench.compare import Contender, run_comparison
 
+SETTLE_S = 0.5
+
 
 @dataclass(frozen=True)
 class DecodeShape:
@@ -65,7 +67,9 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
                 got += len(samples_)
                 if got >= n:
                     break
-            return {"samples_per_sec": got / (time.perf_counter() - t)}
+            rate = got / (time.perf_counter() - t)
+            time.sleep(SETTLE_S)  # as after the worker's runs, so both contenders see the same pauses
+            return {"samples_per_sec": rate}
 
         def worker() -> dict:
             batches.stream = shards.ShardStream(ds, 0, shape.batch, 0, 1, None)
@@ -76,7 +80,11 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
                 got += len(x)
                 if got >= n:
                     break
-            return {"samples_per_sec": got / (time.perf_counter() - t)}
+            rate = got / (time.perf_counter() - t)
+            # the batches the worker prefetched past the window (2, ~0.1 s of decoding) must not
+            # overlap the next run
+            time.sleep(SETTLE_S)
+            return {"samples_per_sec": rate}
 
         bare(), worker()  # start the (persistent) worker, warm both
         config = {"samples_per_run": n, **asdict(shape)}

@@ -176,11 +176,13 @@ FULL = Plan(
     # here, decoding a batch of digits ~30 ms in the loader process beside it; resnet18 at 32 px took
     # 340 ms a step. A run costs ~20 s of start-up (horovodrun, torchvision, the loader's forkserver)
     # besides its window (40 steps: ~3 s idle, ~9 s under the other sessions' load), so 6 repeats (the
-    # fewest with a 95 % interval: the lowest to the highest ratio) of 3 contenders take 6-9 minutes.
+    # fewest with a 95 % interval: the lowest to the highest ratio) of 4 contenders take 8-18 minutes
+    # (the longer at a load average of 7-15 from other work).
     image_shape=ImageShape("", steps=40, warmup=10, model="shufflenet_v2_x0_5"), image_repeats=6,
-    # 512 generated 64 px PNGs (~2 s a run at ~250 samples/s) and 8 shards of 4 MB (~1 s a run):
-    # 10 repeats give each ratio an interval from the 2nd to the 9th per-repeat ratio.
-    decode_shape=DecodeShape(shards=4, per_shard=128), read_shape=ReadShape(shards=8, shard_mb=4),
+    # 1024 generated 64 px PNGs (~1.5 s a run at ~650 samples/s) and 32 shards of 4 MB (~0.5 s a run
+    # at ~280 MB/s; with 8, 33 MB a run took 0.1 s and single repeats swung 0.2-0.85x): 10 repeats
+    # give each ratio an interval from the 2nd to the 9th per-repeat ratio.
+    decode_shape=DecodeShape(shards=8, per_shard=128), read_shape=ReadShape(shards=32, shard_mb=4),
     pipeline_repeats=10,
     # 0.1, 1 and 4 GB states (issue 28). Six pairs are the fewest with a 95 % interval of the median
     # (bench.stats.median_interval); one 4 GB pair took 3.7 minutes here (write 65 + 54 s, restore
@@ -556,6 +558,8 @@ def image_task_section(plan: Plan, progress: Progress) -> dict:
                        "settings": "the trainer's defaults (no tuning flags)", **asdict(shape)}),
             horovod_contender("bare-hvd", PRODUCTION, shape, plan.timeout_s),
             ddp_contender(shape, plan.timeout_s),
+            # like with like: DDP's workers (and their DataLoader processes) pinned as the trainer's are
+            ddp_contender(shape, plan.timeout_s, name="ddp-pin", pin=True),
         ]
         comparison = run_comparison(contenders, "bare-hvd", plan.image_repeats, progress=progress)
     return image_task_figures(comparison, shape)
@@ -575,6 +579,8 @@ def image_task_figures(comparison: dict, shape: ImageShape) -> dict:
         "peer": {"trainer": against_target(paired_ratios(samples["trainer"], samples["ddp"]),
                                            IMAGE_PEER_TARGET),
                  "bare-hvd": against_target(paired_ratios(samples["bare-hvd"], samples["ddp"]))},
+        "peer_pinned": {name: against_target(paired_ratios(samples[name], samples["ddp-pin"]))
+                        for name in ("trainer", "bare-hvd") if "ddp-pin" in samples},
     }
 
 

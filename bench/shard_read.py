@@ -9,6 +9,7 @@ for the choice of library in docs/DATA.md.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -69,8 +70,15 @@ def stream_vs_boto3(shape: ReadShape, repeats: int, progress: Callable[[str], No
             for n, _ in enumerate(it, 1):  # a batch is a shard's samples: one a shard
                 if n == shape.shards:
                     break
+            rate = total / (time.perf_counter() - t)
             it.close()
-            return {"bytes_per_sec": total / (time.perf_counter() - t)}
+            settle()  # the reads ahead into the next epoch, past the window, must not overlap the next run
+            return {"bytes_per_sec": rate}
+
+        def settle() -> None:
+            for thread in threading.enumerate():
+                if thread.name.startswith("ringtrain-shards"):
+                    thread.join(timeout=30)
 
         bare(), stream()  # warm the server and the clients
         config = {"bytes_per_run": total, "samples_per_shard": shape.per_shard, **asdict(shape)}

@@ -172,6 +172,7 @@ def _image_task(s: dict) -> list[str]:
             f"  trainer efficiency (trainer / bare Horovod): {against(e)}",
             f"  trainer / DDP: {against(p['trainer'])}",
             f"  bare Horovod / DDP: {against(p['bare-hvd'])}",
+            *(f"  {name} / DDP pinned alike: {against(v)}" for name, v in s.get("peer_pinned", {}).items()),
             f"  window: {s['window']}"]
 
 

@@ -54,7 +54,7 @@ def _image_comparison():
         "contenders": {"trainer": _contender(trainer, cfg),
                        "bare-hvd": _contender(bare, {"threads": 1, "pin": True, "cycle_time_ms": 0.05,
                                                      "groups": 1}),
-                       "ddp": _contender(ddp)},
+                       "ddp": _contender(ddp), "ddp-pin": _contender([300.0] * 6, {"pin": True})},
         "ratios": {"trainer": {"per_repeat": [t / b for t, b in zip(trainer, bare, strict=True)],
                                "median": 1.0},
                    "ddp": {"per_repeat": [1.1] * 6, "median": 1.1}},
@@ -88,6 +88,10 @@ def test_the_image_section_holds_the_trainer_to_the_bare_loop_and_to_ddp():
                                                         ["samples"]])
     assert p["trainer"]["target"] == 1.0 and not p["trainer"]["met"] and p["trainer"]["decided"]
     assert "target" not in p["bare-hvd"]
+    # like with like: DDP pinned as the trainer is; reported, no target
+    pinned = figures["peer_pinned"]
+    assert pinned["trainer"]["median"] == pytest.approx(1.0) and "target" not in pinned["trainer"]
+    assert pinned["bare-hvd"]["per_repeat"] == [1.0] * 6
     assert figures["window"].startswith("steps 10..50 of every run")
 
 
@@ -96,17 +100,19 @@ def test_the_new_rows_reach_the_readme_results_md_and_the_table(results):
     results["sections"]["image_task"] = sections.image_task_figures(comparison, shape)
     results["sections"]["shard_read"], results["sections"]["input_pipeline"] = _pipeline_sections()
     readme = report.readme_table(results)
-    assert ("| image task (shufflenet_v2_x0_5): trainer / bare Horovod loop (samples/s) | "
-            "1.000× (0.967–1.033) | ≥ 0.97: met; its interval holds both sides |") in readme
-    assert ("| image task: trainer / torch DDP over Gloo (samples/s) | 0.909× (0.879–0.939) | "
-            "≥ 1.0: **not met** |") in readme
-    assert ("| shard stream / bare boto3 loop, from the local S3 store (bytes/s) | 1.235× (1.100–1.300) | "
+    assert ("| image task: trainer / bare Horovod loop (samples/s) | 1.000× (0.967–1.033) | "
+            "≥ 0.97: met (undecided) |") in readme
+    assert "| image task: trainer / DDP over Gloo (samples/s) | 0.909× (0.879–0.939) | ≥ 1.0: **not met** |" \
+        in readme
+    assert ("| shard stream / bare boto3 reads, local S3 (bytes/s) | 1.235× (1.100–1.300) | "
             "≥ 0.9: met |") in readme
-    assert ("| one DataLoader worker / bare decoding loop (samples/s) | 0.955× (0.930–0.990) | "
-            "≥ 0.95: met; its interval holds both sides |") in readme
+    assert ("| 1 DataLoader worker / bare decode loop (samples/s) | 0.955× (0.930–0.990) | "
+            "≥ 0.95: met (undecided) |") in readme
     text = report.markdown(results)
     assert "| trainer / bare Horovod loop | 300 / 300 | 1.000× | 0.967–1.033 | ≥ 0.97: met; its" in text
     assert "| bare Horovod / torch DDP | 300 / 330 | 0.909× | 0.909–0.909 |  |" in text
+    assert ("| trainer / DDP pinned like the trainer | 300 / 300 | 1.000× | 0.967–1.033 | like with like; "
+            "no target |") in text
     assert "torchvision shufflenet_v2_x0_5 at 32 px, batch 32 per worker, 2 workers with 1 DataLoader" in text
     assert ("(8 shards of 40 samples of 100 kB, 33 MB a run; 6 repeats) | 52.7 / 42.7 MB/s | 1.235× | "
             "1.100–1.300 | ≥ 0.9: met |") in text
@@ -117,6 +123,7 @@ def test_the_new_rows_reach_the_readme_results_md_and_the_table(results):
     assert "one loader worker / bare loop: 0.955x (97% interval 0.930..0.990; target >= 0.95: met, " \
            "its interval holds both sides)" in printed
     assert "shard stream / bare boto3: 1.235x" in printed
+    assert "  bare-hvd / DDP pinned alike: 1.000x (97% interval 1.000..1.000)" in printed
 
 
 def test_the_bare_image_loops_run_the_trainers_image_task_settings(tmp_path):
