@@ -446,10 +446,10 @@ def readme_table(r: dict) -> str:
                     f"{rc['sigterm_to_resumed_s']:.1f} s, {rc['steps_lost']} | |")
     it = s.get("image_task", {})
     if it.get("status") == "ok":
-        rows += [_readme_row("image task: trainer / bare Horovod loop (samples/s)", it["efficiency"]),
-                 _readme_row("image task: trainer / DDP over Gloo (samples/s)", it["peer"]["trainer"])]
-    for name, what in (("shard_read", "shard stream / bare boto3 reads, local S3 (bytes/s)"),
-                       ("input_pipeline", "1 DataLoader worker / bare decode loop (samples/s)")):
+        rows += [_readme_row("image task: trainer / bare Horovod loop", it["efficiency"]),
+                 _readme_row("image task: trainer / DDP over Gloo", it["peer"]["trainer"])]
+    for name, what in (("shard_read", "shard stream / bare boto3 reads, local S3"),
+                       ("input_pipeline", "1 DataLoader worker / bare decode loop")):
         if s.get(name, {}).get("status") == "ok":
             rows.append(_readme_row(what, s[name]["ratio"]))
     tp = s.get("checkpoint_throughput", {})
@@ -458,13 +458,14 @@ def readme_table(r: dict) -> str:
                              "transfer of its bytes to the local S3 store (throughput)", z[direction])
                  for z in tp["sizes"] for direction in ("write", "restore")]
     runs = _runs(r)
+    # The README has a size limit: later runs of some sections are named in RESULTS.md only.
     dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
-    by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by " + \
-        " and ".join(f"`{m['command']}`" for m, _ in runs)
+    by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by `{runs[0][0]['command']}`" + \
+        (" and later runs of some sections" if len(runs) > 1 else "")
     head = [
-        f"Measured {by} on {m['cores']} cores ({m['cpu_model']}), "
-        "shared with other work: read the ratios, not the rates. The 95 % interval of each ratio is in "
-        "parentheses. Methods, every figure and how to read them: [bench/RESULTS.md](bench/RESULTS.md).",
+        f"Measured {by} on {m['cores']} cores ({m['cpu_model']}), shared with other work: read the "
+        "ratios (95 % interval in parentheses), not the rates. Methods and every figure: "
+        "[bench/RESULTS.md](bench/RESULTS.md).",
         "",
         "| what | measured | target |",
         "|---|---|---|",
