@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from train.errors import BadInput
 from train.trainer import Progress, Trainer
 
 
@@ -20,12 +21,17 @@ def run_elastic(trainer: Trainer, hvd) -> int:
     found = trainer.prepare_inputs()  # per rank: a joining worker must not wait on collectives
     trainer.build()
     progress = Progress()
-    if found is not None:
-        trainer.apply_checkpoint(found.state, progress)
+    bad_input = None
+    if found is not None:  # rank 0 alone reads the checkpoint: state.sync() brings it to the rest
+        try:
+            trainer.apply_checkpoint(found.state, progress)
+        except BadInput as e:  # raised on every rank after the sync: on rank 0 alone, the others
+            bad_input = str(e)  # would carry on without it (elastic), from the initial weights
+        found = None
     state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
                                    data=progress.data,
                                    last_checkpoint_step=progress.last_checkpoint_step,
-                                   resumed_from_step=trainer.resumed_from_step)
+                                   resumed_from_step=trainer.resumed_from_step, bad_input=bad_input)
 
     def on_reset() -> None:
         # Counted per process, not on the state: state.sync() restores the last commit.
@@ -36,8 +42,9 @@ def run_elastic(trainer: Trainer, hvd) -> int:
 
     @hvd.elastic.run
     def train(state):
+        if state.bad_input:
+            raise BadInput(state.bad_input)
         trainer.resumed_from_step = state.resumed_from_step
         return trainer.loop(state, commit=state.commit)
 
     return train(state).exit_code
-

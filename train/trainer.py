@@ -176,10 +176,8 @@ class Trainer:
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
         """The task's data, checkpoint store, metrics outputs. Raises BadInput. Returns the checkpoint to
-        resume (looked up on rank 0 only in static mode; on every rank in elastic mode, where state.sync()
-        would broadcast rank 0's, but Horovod's broadcast_optimizer_state first gives an empty
-        optimizer a state for every parameter, the stats parameter too, which rank 0's loaded one
-        lacks)."""
+        resume on rank 0, None elsewhere: the others get its state by broadcast (train.resume; in
+        elastic mode state.sync())."""
         cfg = self.cfg
         if cfg.metrics.tensorboard_dir:
             check_tensorboard_available()
@@ -194,10 +192,9 @@ class Trainer:
             store = open_store(cfg.checkpoint.uri, cfg.s3_endpoint_url)
             store.check(create=True)
             self.checkpoints = ckpt.CheckpointStore(store, cfg.checkpoint.keep)
-            if self.hvd.rank() == 0 or cfg.horovod.elastic:
+            if self.hvd.rank() == 0:
                 found = self.checkpoints.latest_valid()
                 self.resumed_write_rate = found.write_rate if found else None
-            if self.hvd.rank() == 0:
                 _ = self.writer  # start the writer process now: its start-up overlaps the model build
         if self.hvd.rank() == 0:
             self.open_log(initial_step=found.step if found else 0)
@@ -307,8 +304,7 @@ class Trainer:
         self.last_loss: float | None = None
 
     def apply_checkpoint(self, state: dict, progress) -> None:
-        """Load a checkpoint (read by rank 0 and broadcast tensor by tensor, or read locally in elastic
-        mode)."""
+        """Load a checkpoint (read by rank 0; on the others broadcast tensor by tensor)."""
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])

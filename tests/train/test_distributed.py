@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import stat
@@ -224,6 +225,40 @@ def test_elastic_run_survives_a_killed_worker_it_rejoins_and_a_reclaimed_one_lea
     assert "leaves the elastic job after SIGTERM" in out and "exit with status code 75" in out
     assert s.final_loss < 0.5 * s.initial_loss
     assert latest_state(str(tmp_path / "ck")).step == 450
+
+
+@pytest.mark.slow  # two elastic launches: about 90 s on the loaded 2 cores
+def test_elastic_resume_reads_the_checkpoint_on_rank_0_only_and_a_misfit_stops_every_rank(tmp_path):
+    """Rank 0 alone reads the checkpoint; state.sync() brings it to the rest. A checkpoint that does
+    not fit stops every rank with the message: on rank 0 alone, elastic would carry on without it."""
+    names = _local_host_names()
+    if len(names) < 2:
+        pytest.skip(f"needs 2 names for this machine to run 2 elastic 'hosts', found {names}")
+    ck = tmp_path / "ck"
+    first = run(train_cmd("--steps", "4", "--checkpoint-dir", str(ck)))
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(ck / "step-000000004", ck / "step-000000005")
+    (ck / "step-000000005" / "state.pt").write_bytes(b"not a checkpoint")  # each reader warns
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\n" + "".join(f"echo {n}:1\n" for n in names[:2]))
+    discover.chmod(discover.stat().st_mode | stat.S_IEXEC)
+
+    def elastic(*args: str):
+        return run([str(VENV_BIN / "horovodrun"), "--gloo", "-np", "2", "--min-np", "2", "--max-np", "2",
+                    "--host-discovery-script", str(discover), "--elastic-timeout", "30",
+                    *horovodrun_cmd(2, "--elastic", "--checkpoint-dir", str(ck), *args)[6:]], timeout=300)
+
+    r = elastic("--steps", "6")
+    assert r.returncode == 0, r.stdout[-4000:]
+    s = parse_summary(r.stdout)
+    assert s.resumed_from_step == 4 and s.steps == 6 and s.world_size == 2, s
+    assert (r.stdout + r.stderr).count("skipping checkpoint") == 1, r.stdout[-4000:]
+    bad = elastic("--steps", "8", "--width", "64")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "RINGTRAIN_SUMMARY" not in out, out[-4000:]
+    for rank in (0, 1):
+        assert f"Process {rank} exit with status code 2." in out, out[-4000:]
+        assert f"[{rank}]<stderr>:train: error: checkpoint step 6 in {ck} does not fit" in out, out[-4000:]
 
 
 def test_reported_loss_is_the_mean_over_ranks():
