@@ -227,7 +227,6 @@ def test_elastic_run_survives_a_killed_worker_it_rejoins_and_a_reclaimed_one_lea
     assert latest_state(str(tmp_path / "ck")).step == 450
 
 
-@pytest.mark.slow  # two elastic launches: about 90 s on the loaded 2 cores
 def test_elastic_resume_reads_the_checkpoint_on_rank_0_only_and_a_misfit_stops_every_rank(tmp_path):
     """Rank 0 alone reads the checkpoint; state.sync() brings it to the rest. A checkpoint that does
     not fit stops every rank with the message: on rank 0 alone, elastic would carry on without it."""
