@@ -24,6 +24,8 @@ from train.checkpoint_wire import CheckpointWriterError, layout, rebuild
 from train.checkpoint_writer import CheckpointWriter
 from train.storage import open_store
 
+pytestmark = pytest.mark.slow  # each test starts a trainer or writer process of its own
+
 
 def _state(step: int, width: int = 8) -> dict:
     """Odd cases together: tied tensors, an empty tensor before a non-empty one (same offset), bool,

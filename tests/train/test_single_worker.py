@@ -18,6 +18,8 @@ from train import checkpoint as ckpt
 from train.storage import open_store
 from train.summary import parse_summary
 
+pytestmark = pytest.mark.slow  # each test starts a trainer or writer process of its own
+
 
 def test_horovod_knobs_mixed_precision_and_metrics(tmp_path, local_dataset):
     metrics = tmp_path / "m.jsonl"
