@@ -198,7 +198,10 @@ QUICK = Plan(
     neighbour_pairs=4,
     recovery_steps=40, recovery_reclaim_at=15, recovery_checkpoint_every=10,
     plan_runs=1, plan_cold_runs=1, timeout_s=180,
-    image_shape=ImageShape("", steps=10, warmup=10, model="shufflenet_v2_x0_5", image_size=16),
+    # decoding in the training processes: no loader process to start in each of the four runs (the
+    # smoke test's time); the full run's DataLoader process is the task's default path
+    image_shape=ImageShape("", steps=10, warmup=10, model="shufflenet_v2_x0_5", image_size=16,
+                           loader_workers=0),
     image_repeats=1,
     decode_shape=DecodeShape(shards=2, per_shard=32), read_shape=ReadShape(shards=4, shard_mb=1),
     pipeline_repeats=2,
