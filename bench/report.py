@@ -454,8 +454,8 @@ def readme_table(r: dict) -> str:
             rows.append(_readme_row(what, s[name]["ratio"]))
     tp = s.get("checkpoint_throughput", {})
     if tp.get("status") == "ok":
-        rows += [_readme_row(f"checkpoint {direction} of a {z['bytes'] / 1e9:.1f} GB state / a bare boto3 "
-                             "transfer of its bytes to the local S3 store (throughput)", z[direction])
+        rows += [_readme_row(f"checkpoint {direction}, {z['bytes'] / 1e9:.1f} GB state / bare boto3 "
+                             "transfer, local S3 (MB/s)", z[direction])
                  for z in tp["sizes"] for direction in ("write", "restore")]
     runs = _runs(r)
     # The README has a size limit: later runs of some sections are named in RESULTS.md only.

@@ -185,8 +185,8 @@ FULL = Plan(
     decode_shape=DecodeShape(shards=8, per_shard=128), read_shape=ReadShape(shards=32, shard_mb=4),
     pipeline_repeats=10,
     # 0.1, 1 and 4 GB states (issue 28). Six pairs are the fewest with a 95 % interval of the median
-    # (bench.stats.median_interval); one 4 GB pair took 3.7 minutes here (write 65 + 54 s, restore
-    # 71 + 25 s, at a load average of 7 to 13), so the two large sizes get six: ~35 minutes in all.
+    # (bench.stats.median_interval): a 4 GB pair takes 2.5-3 minutes here (write 45-65 s a side,
+    # restore 15-22 s), so the two large sizes get six, the small one twelve: 21 minutes in all.
     throughput_sizes=(ThroughputSize(100, repeats=12), ThroughputSize(1000, repeats=6),
                       ThroughputSize(4000, repeats=6)),
 )
