@@ -4,11 +4,11 @@ loopback), per state size, in paired repeats.
 
 Write: CheckpointStore.write (torch.save streamed through a pipe, sha256, multipart upload, manifest,
 pruning) against boto3's upload_file of the same bytes, serialized once beforehand into a file.
-Restore: CheckpointStore.latest_valid (listing, manifest, ranged GETs into an mmap, sha256,
-torch.load) against download_fileobj into an mmap of the object's size. Both sides use the same
-client settings (train.storage.s3_client); the bare side keeps boto3's own transfer settings. A
-ratio is the bare transfer's time over ours, per repeat (target >= 0.8): ours does the
-serialization, hashing and loading on top. The writer process's hand-over (the copy into its shared
+Restore: CheckpointStore.latest_valid (listing, manifest, ranged GETs into an in-memory file hashed
+in order, torch.load mapping it) against download_fileobj into an mmap of the object's size. Both
+sides use the same client settings (train.storage.s3_client); the bare side keeps boto3's own
+transfer settings. A ratio is the bare transfer's time over ours, per repeat (target >= 0.8): ours
+does the serialization, hashing and loading on top. The writer process's hand-over (the copy into its shared
 buffer) is not in it: the checkpoint-stall section measures what training pays for that.
 """
 
@@ -143,7 +143,8 @@ def section(plan, progress: Callable[[str], None]) -> dict:
                       "CheckpointStore.write of the state (torch.save streamed, sha256, multipart, "
                       "manifest, pruning) vs boto3 upload_file of the same state serialized once "
                       "into a file beforehand. Restore: CheckpointStore.latest_valid (list, manifest, "
-                      "ranged GETs into an mmap, sha256, torch.load) vs download_fileobj into an mmap. "
+                      "ranged GETs into an in-memory file hashed as the parts arrive, torch.load mapping "
+                      "it) vs download_fileobj into an mmap. "
                       "Same client settings (train.storage.s3_client); the bare side with boto3's "
                       "default transfer settings. Ratio = bare time / our time per repeat, median "
                       "with its distribution-free 95 % interval; target >= 0.8, decided where the "

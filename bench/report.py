@@ -454,9 +454,10 @@ def readme_table(r: dict) -> str:
             rows.append(_readme_row(what, s[name]["ratio"]))
     tp = s.get("checkpoint_throughput", {})
     if tp.get("status") == "ok":
-        rows += [_readme_row(f"checkpoint {direction}, {z['bytes'] / 1e9:.1f} GB state / bare boto3 "
-                             "transfer, local S3 (MB/s)", z[direction])
-                 for z in tp["sizes"] for direction in ("write", "restore")]
+        for z in tp["sizes"]:  # one row a size, write / restore (the README has a size limit)
+            w, rs = (_readme_cells(z[d]) for d in ("write", "restore"))
+            rows.append(f"| checkpoint write / restore, {z['bytes'] / 1e9:.1f} GB / bare boto3, local S3 | "
+                        f"{w[0]} / {rs[0]} | ≥ {z['write']['target']}: {w[1]} / {rs[1]} |")
     runs = _runs(r)
     # The README has a size limit: later runs of some sections are named in RESULTS.md only.
     dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
@@ -473,13 +474,19 @@ def readme_table(r: dict) -> str:
     return "\n".join([README_BEGIN, *head, *rows, README_END])
 
 
-def _readme_row(what: str, r: dict) -> str:
-    """A README row (kept short: the README has a size limit): the verdict says "undecided" where the
-    interval holds both sides of the target."""
+def _readme_cells(r: dict) -> tuple[str, str]:
+    """A ratio with its interval, and its verdict ("undecided" where the interval holds both sides of
+    the target), as short as the README's size limit wants them."""
     ci = "too few repeats for an interval" if r.get("interval") is None else _interval(r["per_repeat"])
-    verdict = f"≥ {r['target']}: {'met' if r['met'] else '**not met**'}" + \
+    verdict = ("met" if r["met"] else "**not met**") + \
         (" (undecided)" if r.get("interval") is not None and not r["decided"] else "")
-    return f"| {what} | {_x_target(r['median'])} ({ci}) | {verdict} |"
+    return f"{_x_target(r['median'])} ({ci})", verdict
+
+
+def _readme_row(what: str, r: dict) -> str:
+    """A README row (kept short: the README has a size limit)."""
+    ratio, verdict = _readme_cells(r)
+    return f"| {what} | {ratio} | ≥ {r['target']}: {verdict} |"
 
 
 def replace_readme_table(readme: str, table: str) -> str:
