@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -28,3 +29,14 @@ def s3_bucket(object_store, request):
     client = object_store.client()
     client.create_bucket(Bucket=name)
     yield name
+
+
+@pytest.fixture(scope="session")
+def dev_outputs_file(tmp_path_factory):
+    """The dev stack's outputs as `pulumi stack output --json` writes them, from the program under
+    mocks: what `submit --outputs FILE` reads instead of a live stack."""
+    from tests.infra.harness import run_program
+
+    path = tmp_path_factory.mktemp("outputs") / "dev-outputs.json"
+    path.write_text(json.dumps(run_program("dev").exports))
+    return path

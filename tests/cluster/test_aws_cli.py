@@ -23,15 +23,6 @@ def run(*args, env=None, input=None):
                           input=input)
 
 
-@pytest.fixture(scope="module")
-def outputs_file(tmp_path_factory):
-    from tests.infra.harness import run_program
-
-    path = tmp_path_factory.mktemp("outputs") / "dev.json"
-    path.write_text(json.dumps(run_program("dev").exports))
-    return path
-
-
 def test_plan_json_for_machines(capsys):
     assert cli.main(["plan", "--stack", "prod", "--hours", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -65,9 +56,9 @@ def test_lifecycle_commands_need_the_pulumi_cli(tmp_path):
         assert "Traceback" not in done.stderr
 
 
-def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(outputs_file, capsys):
+def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(dev_outputs_file, capsys):
     assert cli.main(["submit", "--stack", "dev", "--job-name", "dry", "--hosts", "2",
-                     "--node-group", "l4-spot", "--outputs", str(outputs_file), "--dry-run",
+                     "--node-group", "l4-spot", "--outputs", str(dev_outputs_file), "--dry-run",
                      "--", "--steps", "50"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["kind"] == "MPIJob" and manifest["metadata"]["name"] == "dry"
@@ -93,8 +84,8 @@ def validate_schemas(manifest):
     validate_mpijob(manifest, "1.36")
 
 
-def test_submit_argument_errors(outputs_file):
-    base = ["submit", "--stack", "dev", "--outputs", str(outputs_file), "--dry-run"]
+def test_submit_argument_errors(dev_outputs_file):
+    base = ["submit", "--stack", "dev", "--outputs", str(dev_outputs_file), "--dry-run"]
     cases = [
         (["--job-name", "j", "--node-group", "l4-spot", "--steps", "5"], "unrecognized arguments"),
         (["--job-name", "j"], "several GPU node groups (a10g-spot, l4-spot): name one"),

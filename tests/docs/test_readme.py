@@ -8,8 +8,6 @@ import shlex
 import subprocess
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # The stack outputs file the README's `submit --dry-run` reads (`pulumi stack output --json`); the test
@@ -49,15 +47,6 @@ def test_commands_are_found_in_bash_blocks_with_continuations_and_comments():
                                     "scripts/submit --stack dev --dry-run -- --steps 5"]
     assert offline_commands(shell_commands(text)) == ["scripts/plan --stack dev",
                                                       "scripts/submit --stack dev --dry-run -- --steps 5"]
-
-
-@pytest.fixture(scope="module")
-def dev_outputs_file(tmp_path_factory):
-    from tests.infra.harness import run_program
-
-    path = tmp_path_factory.mktemp("outputs") / "dev-outputs.json"
-    path.write_text(json.dumps(run_program("dev").exports))
-    return path
 
 
 def test_the_readmes_offline_commands_run_as_written(dev_outputs_file):
