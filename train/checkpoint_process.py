@@ -3,10 +3,11 @@ checkpoint's state over the shared buffer and write it (CheckpointStore.write) o
 main thread keeps reading, so a stop can abort a periodic write.
 
 A process, not a thread: serialization and the upload's client work never hold the trainer's
-interpreter lock. It runs at niceness 19, dies with the trainer (PR_SET_PDEATHSIG: at most a
-checkpoint without its manifest is left, which readers skip), ends when the trainer closes the
-connection, and ignores SIGTERM/SIGINT, which a spot reclaim sends the whole process group: the
-trainer decides when writing stops.
+interpreter lock. It runs at niceness 19 once started (its start-up, which the trainer waits for, at
+normal priority: ranks waiting on each other spin and would starve it), dies with the trainer
+(PR_SET_PDEATHSIG: at most a checkpoint without its manifest is left, which readers skip), ends when
+the trainer closes the connection, and ignores SIGTERM/SIGINT, which a spot reclaim sends the whole
+process group: the trainer decides when writing stops.
 """
 
 from __future__ import annotations
@@ -117,9 +118,8 @@ def start(uri: str, endpoint_url: str | None, keep: int, cpus) -> tuple[subproce
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()
-    with contextlib.suppress(OSError):  # now, not once the child gets round to it (it does too)
-        os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
-        if cpus:
+    if cpus:
+        with contextlib.suppress(OSError):  # the child has ended meanwhile: its error comes as its reply
             os.sched_setaffinity(proc.pid, cpus)
     return proc, ours
 
@@ -129,7 +129,6 @@ def main(fd: int, parent_pid: int, uri: str, endpoint_url: str | None, keep: int
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # it ended before prctl
         return 0
-    os.setpriority(os.PRIO_PROCESS, 0, NICE)  # threads started from now on inherit it
     torch.set_num_threads(1)  # its serialization stays on one core, not the trainer's too
     for sig in IGNORED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
@@ -143,6 +142,11 @@ def main(fd: int, parent_pid: int, uri: str, endpoint_url: str | None, keep: int
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
         _reply(conn, ("error", None, _portable(e)))
         return 1
+    # From here the trainer trains while we write. Niceness is per thread on Linux: every thread we
+    # have, and so those they start (the upload's), which inherit it.
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, int(tid), NICE)
     if _reply(conn, ("ready", None, None)):
         serve(conn, checkpoints)
     return 0

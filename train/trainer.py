@@ -22,7 +22,13 @@ from train import checkpoint as ckpt
 from train.checkpoint_writer import CheckpointWriter
 from train.config import NCCL_ALGOS, TrainConfig
 from train.contract import EXIT_INTERRUPTED_RESUMABLE
-from train.cpu import CPU_CYCLE_TIME_MS, CPU_GRADIENT_GROUPS, cpu_threads_per_worker, pin_worker
+from train.cpu import (
+    CPU_CYCLE_TIME_MS,
+    CPU_GRADIENT_GROUPS,
+    cpu_threads_per_worker,
+    idle_while_finishing,
+    pin_worker,
+)
 from train.errors import BadInput
 from train.gpu import configure_gpu_worker, memory_format
 from train.metrics import MetricsLog, check_tensorboard_available
@@ -573,6 +579,8 @@ class Trainer:
             if stop and cfg.horovod.elastic and stopping < 1 - 1e-6:
                 # Some workers were reclaimed, not the whole job: after a safety checkpoint they leave
                 # and the rest carry on (their next collective fails, they roll back to this commit).
+                if self.stop.requested:
+                    idle_while_finishing()  # this process only finishes up now (train.cpu)
                 if self.checkpoints is not None:
                     self.save_checkpoint(progress, None)
                     if self.writer is not None:
@@ -596,6 +604,9 @@ class Trainer:
                 if due and commit is not None:  # a collective: every rank at the same steps
                     commit()
         self.train_time += time.perf_counter() - t_start
+        if not cfg.horovod.elastic:  # (in elastic mode a reset can bring this process back to training)
+            # From here every rank only finishes up and waits: the cores go to what it waits on.
+            idle_while_finishing()
 
         # Losses of the steps this process trained, in any call of this loop: in elastic mode a reset
         # (a host rejoining at the last commit) can call it again with every step already done.

@@ -67,3 +67,32 @@ def test_pin_worker_leaves_placement_alone_with_fewer_cores_than_workers():
     got = _probe(0, 2, {cpu})
     assert got["share"] is None
     assert all(aff == [cpu] for aff in got["threads"].values())
+
+
+_IDLE_PROBE = textwrap.dedent("""
+    import json, os, sys, threading
+    sys.path.insert(0, sys.argv[1])
+    from train.cpu import idle_while_finishing
+
+    started = threading.Event(); done = threading.Event()
+    def worker():  # a thread that exists before, like Horovod's background thread
+        started.set(); done.wait(30)
+    t = threading.Thread(target=worker); t.start(); started.wait(30)
+    moved = idle_while_finishing()
+    late = []
+    t2 = threading.Thread(target=lambda: late.append(os.sched_getscheduler(0))); t2.start(); t2.join()
+    policies = {tid: os.sched_getscheduler(int(tid)) for tid in os.listdir("/proc/self/task")}
+    done.set(); t.join()
+    print(json.dumps({"moved": moved, "policies": policies, "late": late[0]}))
+""")
+
+
+def test_idle_while_finishing_moves_every_existing_thread_to_sched_idle_and_later_threads_inherit():
+    out = subprocess.run([sys.executable, "-c", _IDLE_PROBE, str(REPO)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["moved"] is True
+    assert len(got["policies"]) >= 2  # the main thread and the one started before
+    assert set(got["policies"].values()) == {os.SCHED_IDLE}, got
+    assert got["late"] == os.SCHED_IDLE

@@ -145,6 +145,33 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(tm
     assert ckpt.CheckpointStore(open_store(str(ck)), keep=3).valid_steps() == [10, 20, 25]
 
 
+def _policies(p: psutil.Process) -> set[int]:
+    out = set()
+    for t in p.threads():
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            out.add(os.sched_getscheduler(t.id))
+    return out
+
+
+def test_once_training_ends_both_ranks_idle_so_the_final_checkpoint_gets_the_cores(tmp_path, local_dataset):
+    """Waiting ranks spin (Horovod's 0.05 ms CPU cycle, a collective's wait): at normal priority they
+    starved the niceness-19 writer (train.cpu.idle_while_finishing). While rank 0's final checkpoint
+    waits 5 s before its manifest, every thread of both ranks is SCHED_IDLE and the writer's are not."""
+    ck = tmp_path / "ck"
+    args = ("--data", str(local_dataset), "--steps", "20", "--checkpoint-dir", str(ck))
+    proc = start(horovodrun_cmd(2, *args), env=worker_env({ckpt.FAULT_DELAY_ENV: "5"}))
+    workers = wait_for(lambda: len(train_workers(proc)) == 2 and train_workers(proc), 60, "2 workers", proc)
+    wait_for(lambda: (ck / "step-000000020" / "state.pt").exists(), 120, "the final state uploaded", proc)
+    wait_for(lambda: all(_policies(w) == {os.SCHED_IDLE} for w in workers), 3, "both ranks at SCHED_IDLE")
+    [writer] = [c for w in workers for c in w.children() if "train.checkpoint_process" in c.cmdline()]
+    assert _policies(writer) == {os.SCHED_OTHER} and writer.nice() == 19
+    assert not (ck / "step-000000020" / "manifest.json").exists()  # still within the write
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert parse_summary(out).checkpoints_written == 1
+    assert latest_state(str(ck)).step == 20
+
+
 def test_unreachable_endpoint_fails_every_rank_fast(tmp_path):
     from cluster.local.objectstore import free_port
 

@@ -91,11 +91,7 @@ def test_image_task_on_two_workers_resumes_with_the_same_losses_bit_for_bit(digi
               "--loader-workers", "1",
               "--steps", str(steps), "--lr", "0.02", "--warmup-steps", "4", "--lr-schedule", "cosine",
               "--weight-decay", "1e-4", "--log-every", "1", "--checkpoint-every", "3", "--seed", "3",
-              "--cpu-affinity", "off",
-              # Horovod's CPU default cycle (0.05 ms) busy-polls: two ranks waiting on each other fill
-              # both cores of a 2-core machine and starve the niceness-19 checkpoint writer, which
-              # turned each run's 1 s of writes into 10-70 s here (measured; 5 ms: 11-13 s a run).
-              "--cycle-time-ms", "5")
+              "--cpu-affinity", "off")
     ref_metrics = tmp_path / "ref.jsonl"
     ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/image-ref",
                              "--metrics-file", str(ref_metrics)), env=worker_env(store_env), timeout=400)
