@@ -148,6 +148,22 @@ def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints)
     assert any("step-000000020: state.pt fails its sha256 check" in m for m in messages)
 
 
+def test_a_checkpoint_whose_state_is_missing_or_empty_is_skipped_with_a_warning(checkpoints):
+    checkpoints.write(10, _state(10))
+    manifest = json.loads(checkpoints.store.get("step-000000010/manifest.json"))
+    for step in (40, 50):  # manifests that name a state never written, or written empty
+        body = json.dumps({**manifest, "step": step}).encode()
+        checkpoints.store.put(f"{ckpt.step_dir(step)}/manifest.json", body)
+    checkpoints.store.put("step-000000050/state.pt", b"")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = checkpoints.latest_valid()
+    assert found.step == 10
+    messages = [str(w.message) for w in caught]
+    assert any("step-000000050/state.pt is empty" in m for m in messages), messages
+    assert any("step-000000040: state.pt missing" in m for m in messages), messages
+
+
 def _mapping_of(tensor: torch.Tensor) -> str:
     """The name of the memory mapping that holds `tensor`'s bytes ('' for anonymous memory)."""
     address = tensor.data_ptr()
