@@ -132,6 +132,13 @@ def test_a_checkpoint_costs_two_puts_and_at_most_one_batch_delete(checkpoints, m
     assert checkpoints.latest_valid().step == 30
 
 
+def _latest_valid_and_warnings(checkpoints) -> tuple[ckpt.Found | None, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = checkpoints.latest_valid()
+    return found, [str(w.message) for w in caught]
+
+
 def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints):
     checkpoints.write(10, _state(10))
     checkpoints.write(20, _state(20))
@@ -139,11 +146,8 @@ def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints)
     checkpoints.store.put("step-000000030/state.pt", _saved(_state(30)))
     # A corrupt newest-but-one: bytes changed after the manifest was written.
     checkpoints.store.put("step-000000020/state.pt", b"flipped bits")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = checkpoints.latest_valid()
+    found, messages = _latest_valid_and_warnings(checkpoints)
     assert found.step == 10
-    messages = [str(w.message) for w in caught]
     assert any("step-000000030: no manifest" in m for m in messages)
     assert any("step-000000020: state.pt fails its sha256 check" in m for m in messages)
 
@@ -155,11 +159,8 @@ def test_a_checkpoint_whose_state_is_missing_or_empty_is_skipped_with_a_warning(
         body = json.dumps({**manifest, "step": step}).encode()
         checkpoints.store.put(f"{ckpt.step_dir(step)}/manifest.json", body)
     checkpoints.store.put("step-000000050/state.pt", b"")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = checkpoints.latest_valid()
+    found, messages = _latest_valid_and_warnings(checkpoints)
     assert found.step == 10
-    messages = [str(w.message) for w in caught]
     assert any("step-000000050/state.pt is empty" in m for m in messages), messages
     assert any("step-000000040: state.pt missing" in m for m in messages), messages
 
