@@ -208,7 +208,7 @@ class _HashedWrites:
     DeferQueue, DownloadNonSeekableOutputManager in s3transfer/download.py) and writes them from its one
     IO thread, so the bytes are hashed as they arrive, beside the transfers still in flight (hashing
     the whole object after it cost a quarter of a 1 GB restore here). Into the file by write(2), not
-    through a mapping: 100 MB took 30 ms so against 60-70 ms in page faults."""
+    through a mapping: 100 MB took 30 ms here, against 60-70 ms in page faults."""
 
     def __init__(self, fd: int, digest: Digest):
         self._fd, self._digest = fd, digest
