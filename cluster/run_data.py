@@ -35,8 +35,8 @@ STDLIB_PACKAGES = ("asyncio", "email", "json", "http", "logging", "unittest", "x
 # The examples' sizes for CPU workers: 2 workers sharing 2 cores train 300 steps with a reclaim and a
 # resume in a few minutes. image: ShuffleNet V2 (1.3 M parameters for 10 classes: a 15 MB checkpoint with
 # Adam's moments, 9-11 s to write on a loaded 2-core machine, inside the local reclaim's 30 s default
-# grace; ResNet-18's 134 MB is not) learns
-# the digits at 32 px (measured, 1 worker, 100 steps: loss 2.40 -> 1.59, top-1 0.55).
+# grace; ResNet-18's 134 MB is not) learns the digits at 32 px (measured, 1 worker, 100 steps: loss
+# 2.40 -> 1.59, top-1 0.55).
 EXAMPLE_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
     "image": (("--model", "shufflenet_v2_x1_0"), ("--image-size", "32"), ("--loader-workers", "1"),
               ("--optimizer", "adam"), ("--lr", "0.002")),

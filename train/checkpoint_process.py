@@ -31,6 +31,7 @@ import torch
 
 from train.checkpoint import CheckpointStore, WriteCancelled
 from train.checkpoint_wire import CheckpointWriterError, rebuild
+from train.cpu import every_thread
 from train.storage import open_store
 
 NICE = 19
@@ -142,11 +143,9 @@ def main(fd: int, parent_pid: int, uri: str, endpoint_url: str | None, keep: int
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, which re-raises it
         _reply(conn, ("error", None, _portable(e)))
         return 1
-    # From here the trainer trains while we write. Niceness is per thread on Linux: every thread we
-    # have, and so those they start (the upload's), which inherit it.
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.setpriority(os.PRIO_PROCESS, int(tid), NICE)
+    # From here the trainer trains while we write: every thread we have, and so those they start (the
+    # upload's), which inherit it.
+    every_thread(lambda tid: os.setpriority(os.PRIO_PROCESS, tid, NICE))
     if _reply(conn, ("ready", None, None)):
         serve(conn, checkpoints)
     return 0

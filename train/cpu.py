@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from train.contract import cores_per_worker, cpu_share
 
@@ -55,10 +55,17 @@ def pin_worker(local_rank: int, local_size: int) -> tuple[int, ...] | None:
     share = cpu_share(allowed, local_rank, local_size)
     if share is None:
         return None
+    every_thread(lambda tid: os.sched_setaffinity(tid, share))
+    return share
+
+
+def every_thread(apply: Callable[[int], object]) -> None:
+    """apply(tid) for every thread this process has: Linux keeps affinity, niceness and scheduling
+    policy per thread (a thread inherits its creator's), so setting them for the process's pid alone
+    leaves the threads already running (Horovod's, Gloo's, a client's) as they were."""
     for tid in os.listdir("/proc/self/task"):
         with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
-            os.sched_setaffinity(int(tid), share)
-    return share
+            apply(int(tid))
 
 
 def idle_while_finishing() -> bool:
@@ -74,12 +81,8 @@ def idle_while_finishing() -> bool:
     later inherit it. Returns whether every thread moved (a seccomp profile may refuse; the run goes
     on at normal priority then).
     """
-    moved = True
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-        except ProcessLookupError:  # the thread ended meanwhile
-            continue
-        except OSError:
-            moved = False
-    return moved
+    try:
+        every_thread(lambda tid: os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0)))
+    except OSError:
+        return False
+    return True
