@@ -2,8 +2,9 @@
 against a bare boto3 transfer of the same bytes to the same store (the local moto S3 server on
 loopback), per state size, in paired repeats.
 
-Write: CheckpointStore.write (torch.save streamed through a pipe, sha256, multipart upload, manifest,
-pruning) against boto3's upload_file of the same bytes, serialized once beforehand into a file.
+Write: CheckpointStore.write (torch.save streamed through a pipe, sha256, multipart upload, manifest)
+against boto3's upload_file of the same bytes, serialized once beforehand into a file. Each side drops
+its previous copy untimed (our prune; the trainer hears "written" before it, as here).
 Restore: CheckpointStore.latest_valid (listing, manifest, ranged GETs into an in-memory file hashed
 in order, torch.load mapping it) against download_fileobj into an mmap of the object's size. Both
 sides use the same client settings (train.storage.s3_client); the bare side keeps boto3's own
@@ -79,7 +80,9 @@ def measure_size(size: ThroughputSize, endpoint_url: str, bucket: str, tmp: Path
 
     def write(side: str, repeat: int, state: dict) -> float:
         if side == "ours":
-            return _timed(lambda: written.append(ours.write(repeat + 1, state)))
+            seconds = _timed(lambda: written.append(ours.write(repeat + 1, state)))
+            ours.prune()  # the writer's reply goes before it
+            return seconds
         client.delete_object(Bucket=bucket, Key=bare_key)  # untimed: moto frees the last copy's files
         return _timed(lambda: client.upload_file(str(source), bucket, bare_key))
 
@@ -141,8 +144,9 @@ def section(plan, progress: Callable[[str], None]) -> dict:
             "method": "per size, paired repeats in alternating order (ours first in even repeats): all "
                       "writes with the state in memory, then all restores after it is freed. Write: "
                       "CheckpointStore.write of the state (torch.save streamed, sha256, multipart, "
-                      "manifest, pruning) vs boto3 upload_file of the same state serialized once "
-                      "into a file beforehand. Restore: CheckpointStore.latest_valid (list, manifest, "
+                      "manifest) vs boto3 upload_file of the same state serialized once into a file "
+                      "beforehand; each side drops its previous copy untimed (our prune runs after "
+                      "the writer's reply). Restore: CheckpointStore.latest_valid (list, manifest, "
                       "ranged GETs into an in-memory file hashed as the parts arrive, torch.load mapping "
                       "it) vs download_fileobj into an mmap. "
                       "Same client settings (train.storage.s3_client); the bare side with boto3's "

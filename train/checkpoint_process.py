@@ -1,6 +1,7 @@
 """The checkpoint writer process: how train.checkpoint_writer starts it, and what it does: rebuild each
 checkpoint's state over the shared buffer and write it (CheckpointStore.write) on a thread, while its
-main thread keeps reading, so a stop can abort a periodic write.
+main thread keeps reading, so a stop can abort a periodic write; once the trainer has its reply, that
+thread prunes the older checkpoints, off the trainer's wait.
 
 A process, not a thread: serialization and the upload's client work never hold the trainer's
 interpreter lock. It runs at niceness 19 once started (its start-up, which the trainer waits for, at
@@ -42,7 +43,7 @@ def serve(conn: Connection, checkpoints: CheckpointStore) -> None:
     """Write each checkpoint the trainer sends; abort the one being written when it says so; return
     when it closes the connection. The trainer sends a write only once the previous one has replied."""
     buffer: mmap.mmap | None = None
-    writing, cancelled = None, threading.Event()
+    writing, cancelled, thread = None, threading.Event(), None
     while True:
         try:
             # Wait in poll(POLLIN), not blocked in a read: each reply the trainer reads signals write
@@ -64,9 +65,12 @@ def serve(conn: Connection, checkpoints: CheckpointStore) -> None:
                     buffer.close()
             buffer = mmap.mmap(fd, os.fstat(fd).st_size)
             os.close(fd)
+        if thread is not None:
+            thread.join()  # its prune: the store's record is the thread's until then
         writing, cancelled = step, threading.Event()
-        threading.Thread(target=_write, args=(conn, checkpoints, step, rebuild(skeleton, buffer), cancelled),
-                         name="ringtrain-checkpoint-write").start()
+        thread = threading.Thread(target=_write, args=(conn, checkpoints, step, rebuild(skeleton, buffer),
+                                                       cancelled), name="ringtrain-checkpoint-write")
+        thread.start()
 
 
 def _write(conn: Connection, checkpoints: CheckpointStore, step: int, state, cancelled) -> None:
@@ -80,6 +84,12 @@ def _write(conn: Connection, checkpoints: CheckpointStore, step: int, state, can
         reply = ("error", step, _portable(e))
     del state
     _reply(conn, reply)
+    if reply[0] == "done":
+        try:
+            checkpoints.prune()
+        except Exception as e:  # noqa: BLE001 - the new checkpoint is safe; the next prune tries again
+            print(f"train: warning: could not delete checkpoints older than step {step} under "
+                  f"{checkpoints.store.uri}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _portable(e: BaseException) -> BaseException:

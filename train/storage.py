@@ -51,7 +51,7 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
 
 
 class Digest(Protocol):
-    """What a hashlib hash offers (hashlib's own type is private)."""
+    """What a hashlib or xxhash hash object offers (hashlib's own type is private)."""
 
     def update(self, data: bytes, /) -> None: ...
 
@@ -194,7 +194,7 @@ def s3_client(endpoint_url: str | None):
             # No extra pass over the bytes of every upload, on the training node: neither
             # botocore's CRC32 (its default since 1.36) nor its SigV4 payload sha256 (made over
             # http always, and over https once no checksum header is sent). Checkpoints carry
-            # their own sha256 in the manifest, checked on every read, and AWS traffic is TLS;
+            # their own checksum in the manifest, checked on every read, and AWS traffic is TLS;
             # each pass cost 20-50 ms of client CPU per 35 MB checkpoint (bench/, checkpoint
             # stall). The request headers are still signed.
             request_checksum_calculation="when_required",
@@ -206,7 +206,7 @@ def s3_client(endpoint_url: str | None):
 class _HashedWrites:
     """A download target without seek: s3transfer then puts the ranged GETs' parts in order (its
     DeferQueue, DownloadNonSeekableOutputManager in s3transfer/download.py) and writes them from its one
-    IO thread, so the bytes are hashed as they arrive, beside the transfers still in flight (hashing
+    IO thread, so the bytes are checksummed as they arrive, beside the transfers still in flight (hashing
     the whole object after it cost a quarter of a 1 GB restore here). Into the file by write(2), not
     through a mapping: 100 MB took 30 ms here, against 60-70 ms in page faults."""
 

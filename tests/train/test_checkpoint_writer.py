@@ -96,11 +96,11 @@ def test_writes_what_torch_save_writes_of_the_state_at_submit(tmp_path):
         writer.submit(3, _state(3))
         writer.wait()
         assert writer.written == 3
-        assert checkpoints.valid_steps() == [2, 3]  # keep=2: the writer's CheckpointStore pruned
         writer.submit(4, _state(1))
     finally:
         writer.close()
     writer.close()  # a second close is harmless
+    assert checkpoints.valid_steps() == [3, 4]  # keep=2: the child pruned (after each reply) before it ended
     assert (tmp_path / "step-000000004" / "state.pt").read_bytes() == expected
     found = checkpoints.latest_valid()
     assert found.step == 4
@@ -156,6 +156,31 @@ def test_errors_come_back_with_their_type_and_the_writer_carries_on(tmp_path):
         assert writer.written == 1
     finally:
         writer.close()
+
+
+def test_a_prune_that_fails_warns_and_the_next_one_deletes_what_it_left(tmp_path, capfd):
+    """The checkpoint is safe once its manifest is there: the trainer hears "done" (no error), the
+    failed delete is a warning, and the older checkpoint goes with the next prune."""
+    writer = CheckpointWriter(str(tmp_path), None, keep=1)
+    try:
+        writer.submit(1, _state(1))
+        writer.wait()
+        (tmp_path / "step-000000001" / "state.pt").unlink()  # a directory: the local delete fails
+        (tmp_path / "step-000000001" / "state.pt").mkdir()
+        (tmp_path / "step-000000001" / "state.pt" / "x").write_text("")
+        writer.submit(2, _state(2))
+        writer.wait()  # no error
+        assert writer.written == 2
+        deadline = time.monotonic() + 30
+        while "could not delete" not in (err := capfd.readouterr().err) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f"could not delete checkpoints older than step 2 under {tmp_path}: IsADirectoryError" in err
+        (tmp_path / "step-000000001" / "state.pt" / "x").unlink()
+        (tmp_path / "step-000000001" / "state.pt").rmdir()
+        writer.submit(3, _state(3))
+    finally:
+        writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000003"]
 
 
 def test_a_submit_that_finds_the_previous_write_going_waits_for_it_and_counts_the_wait(tmp_path, monkeypatch):

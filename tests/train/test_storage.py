@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import threading
@@ -98,6 +99,8 @@ def test_newest_valid_checkpoint_wins_and_only_the_last_n_are_kept(checkpoints):
     assert checkpoints.latest_valid() is None
     for step in (10, 20, 30):
         checkpoints.write(step, _state(step))
+    assert checkpoints.valid_steps() == [10, 20, 30]  # write() leaves them to prune()
+    checkpoints.prune()
     assert checkpoints.valid_steps() == [20, 30]
     assert not any(k.startswith("step-000000010/") for k in checkpoints.store.list())
     found = checkpoints.latest_valid()
@@ -106,8 +109,8 @@ def test_newest_valid_checkpoint_wins_and_only_the_last_n_are_kept(checkpoints):
 
 def test_a_checkpoint_costs_two_puts_and_at_most_one_batch_delete(checkpoints, monkeypatch):
     """The writer lists once; after that each checkpoint is its two objects (the state streamed, the
-    manifest put) and, once `keep` are there, one delete_many of the oldest (every request is client
-    CPU on the training node)."""
+    manifest put) and, once `keep` are there, its prune one delete_many of the oldest (every request is
+    client CPU on the training node)."""
     checkpoints.store.put("step-000000005/state.pt", b"a leftover from a killed run")
     calls = []
     for name in ("put", "upload", "list", "delete", "delete_many"):
@@ -116,10 +119,12 @@ def test_a_checkpoint_costs_two_puts_and_at_most_one_batch_delete(checkpoints, m
                             lambda *a, _name=name, _real=real, **kw: (
                                 calls.append((_name, a[0] if a else "")), _real(*a, **kw))[1])
     checkpoints.write(10, _state(10))
+    checkpoints.prune()
     assert [c[0] for c in calls] == ["list", "upload", "put"]
     calls.clear()
     for step in (20, 30):
         checkpoints.write(step, _state(step))
+        checkpoints.prune()
     names = [c[0] for c in calls]
     assert names[:5] == ["upload", "put", "upload", "put", "delete_many"]
     assert set(names[5:]) <= {"delete"}  # a local directory's delete_many deletes file by file
@@ -149,7 +154,7 @@ def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(checkpoints)
     found, messages = _latest_valid_and_warnings(checkpoints)
     assert found.step == 10
     assert any("step-000000030: no manifest" in m for m in messages)
-    assert any("step-000000020: state.pt fails its sha256 check" in m for m in messages)
+    assert any("step-000000020: state.pt fails its xxh3_128 check" in m for m in messages)
 
 
 def test_a_checkpoint_whose_state_is_missing_or_empty_is_skipped_with_a_warning(checkpoints):
@@ -178,7 +183,7 @@ def _mapping_of(tensor: torch.Tensor) -> str:
 
 def test_a_restored_state_maps_the_checked_bytes_instead_of_copying_them(checkpoints, tmp_path):
     """torch.load copied a mapped checkpoint twice (its read(), then the tensor's storage), a third
-    of a 1 GB restore here; now the tensors use the pages the sha256 was computed over: a local
+    of a 1 GB restore here; now the tensors use the pages the checksum was computed over: a local
     store's file, or the in-memory file (memfd) an S3 object was fetched into."""
     state = _big_state(6)
     checkpoints.write(1, state)
@@ -201,7 +206,29 @@ def test_manifest_is_written_last(tmp_path, monkeypatch):
     ckpt.CheckpointStore(store, keep=1).write(5, _state(5))
     assert order == ["step-000000005/state.pt", "step-000000005/manifest.json"]
     manifest = json.loads((tmp_path / "step-000000005" / "manifest.json").read_text())
-    assert manifest["step"] == 5 and len(manifest["objects"]["state.pt"]["sha256"]) == 64
+    assert manifest["step"] == 5 and len(manifest["objects"]["state.pt"]["xxh3_128"]) == 32
+
+
+def test_a_checkpoint_checked_by_sha256_still_restores_and_one_without_a_checksum_is_skipped(checkpoints):
+    """Manifests written before the checksum became XXH3-128 carry a sha256; their checkpoints stay
+    resumable. A manifest with neither is not a checkpoint."""
+    checkpoints.write(10, _state(10))
+    data = _saved(_state(20))
+    checkpoints.store.put("step-000000020/state.pt", data)
+    manifest = json.loads(checkpoints.store.get("step-000000010/manifest.json"))
+    manifest["step"] = 20
+    manifest["objects"]["state.pt"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    checkpoints.store.put("step-000000020/manifest.json", json.dumps(manifest).encode())
+    found, messages = _latest_valid_and_warnings(checkpoints)
+    assert found.step == 20 and torch.equal(found.state["w"], torch.full((3,), 20.0)) and not messages
+    manifest["step"] = 30
+    manifest["objects"]["state.pt"] = {"md5": "0" * 32, "bytes": len(data)}
+    checkpoints.store.put("step-000000030/state.pt", data)
+    checkpoints.store.put("step-000000030/manifest.json", json.dumps(manifest).encode())
+    found, messages = _latest_valid_and_warnings(checkpoints)
+    assert found.step == 20
+    assert messages == [f"skipping checkpoint {checkpoints.store.uri}/step-000000030: manifest gives no "
+                        "checksum of state.pt (one of xxh3_128, sha256)"]
 
 
 def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):
@@ -215,7 +242,7 @@ def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):
 
 
 def test_uploads_make_no_extra_pass_over_the_bytes(s3_env, s3_bucket):
-    """Checkpoints are verified by their manifest's sha256; botocore's default CRC32 and its SigV4
+    """Checkpoints are verified by their manifest's checksum; botocore's default CRC32 and its SigV4
     payload sha256 would each be one more pass over every upload on the training node. The upload
     still reaches the store whole, under signed headers."""
     store = open_store(f"s3://{s3_bucket}/ck", s3_env)
@@ -231,7 +258,7 @@ def test_uploads_make_no_extra_pass_over_the_bytes(s3_env, s3_bucket):
 
 
 def test_serialization_skips_the_zip_crc_pass_and_leaves_torch_config_alone():
-    """The manifest's sha256 checks the whole state.pt, so torch.save's per-record CRC32 is one pass
+    """The manifest's checksum covers the whole state.pt, so torch.save's per-record CRC32 is one pass
     over the bytes too many; the setting is only changed for our own save."""
     import zipfile
 
