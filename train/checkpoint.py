@@ -14,16 +14,11 @@ Layout under the checkpoint URI:
 A checkpoint exists only once its manifest does, and is valid only if every object matches the
 manifest's checksum; anything else (a write killed half-way, a corrupt object) is skipped with a
 warning, so a crash at any moment leaves the previous checkpoint as the newest valid one.
-
-The checksum is XXH3-128: it catches torn, mixed or corrupted objects as well as a cryptographic hash
-would (nobody who can write state.pt is kept from writing its manifest), at ~8 GB/s on one core where
-SHA-256 ran at 1.4 (with SHA-NI), a pass that sat in order on every write and restore. Manifests
-with a sha256 (written before) still verify.
+(The checksum: train.checksum.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,13 +30,11 @@ from typing import BinaryIO
 
 import torch
 import torch.utils.serialization as torch_serialization
-import xxhash
 
+from train import checksum
 from train.storage import Store
 
 FORMAT = "ringtrain-checkpoint/1"
-CHECKSUMS = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}  # name in a manifest -> its hash
-CHECKSUM = "xxh3_128"  # what writes use
 STATE = "state.pt"
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -107,7 +100,7 @@ class SerializedStream:
         self._pipe = os.fdopen(read_fd, "rb")
         self._cancelled = cancelled or threading.Event()
         self._read_delay = float(os.environ.get(FAULT_READ_DELAY_ENV, "0") or 0)
-        self.digest = CHECKSUMS[CHECKSUM]()
+        self.digest = checksum.new()
         self.nbytes = 0
         self._error: BaseException | None = None
         self._complete = False
@@ -197,7 +190,7 @@ class CheckpointStore:
             "format": FORMAT,
             "step": step,
             "created_unix": time.time(),
-            "objects": {STATE: {CHECKSUM: stream.digest.hexdigest(), "bytes": stream.nbytes}},
+            "objects": {STATE: {checksum.WRITTEN: stream.digest.hexdigest(), "bytes": stream.nbytes}},
             # serialized and uploaded; a resumed run predicts its stop checkpoint's time from it
             "write_bytes_per_s": round(stream.nbytes / max(seconds, 1e-6)),
         }
@@ -224,15 +217,16 @@ class CheckpointStore:
         objects = manifest.get("objects", {})
         if STATE not in objects:
             raise ValueError(f"manifest lists no {STATE}")
-        checksum = next((name for name in CHECKSUMS if name in objects[STATE]), None)
-        if checksum is None:
-            raise ValueError(f"manifest gives no checksum of {STATE} (one of {', '.join(CHECKSUMS)})")
+        try:
+            algorithm = checksum.algorithm(objects[STATE])
+        except ValueError as why:
+            raise ValueError(f"{STATE} {why}") from None
         try:
             # (an empty one raises ValueError: not a checkpoint either)
-            digest = CHECKSUMS[checksum]()
+            digest = checksum.HASHES[algorithm]()
             with self.store.mapped_file(f"{d}/{STATE}", digest) as path:
-                if digest.hexdigest() != objects[STATE][checksum]:
-                    raise ValueError(f"{STATE} fails its {checksum} check")
+                if digest.hexdigest() != objects[STATE][algorithm]:
+                    raise ValueError(f"{STATE} fails its {algorithm} check")
                 try:  # the state's tensors map the bytes just checked (a store never rewrites them)
                     return Found(step, load(path, mmap=True), manifest.get("write_bytes_per_s"))
                 except Exception as e:  # a matching checksum but unloadable bytes: still not usable

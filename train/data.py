@@ -6,7 +6,7 @@ Dataset layout (same on S3 and on disk), written by `python -m train.data genera
 
     <uri>/index.json           {"format": "ringtrain-shards/1", "input_shape": [1, 8, 8],
                                 "num_classes": 10, "samples": N, "seed": S,
-                                "shards": [{"name": "shard-00000.npz", "samples": M, "sha256": "..."}]}
+                                "shards": [{"name": "shard-00000.npz", "samples": M, "xxh3_128": "..."}]}
     <uri>/shard-00000.npz      x: float32 [M, *input_shape], y: int64 [M]
 
 The task is learnable by both models: labels come from a fixed random linear "teacher" over the
@@ -16,7 +16,6 @@ pixels, so the loss visibly falls within a few dozen steps. Nothing is downloade
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import sys
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from train import checksum
 from train.errors import BadInput
 from train.storage import open_store
 
@@ -79,8 +79,7 @@ def generate(uri: str, shards: int, samples_per_shard: int, seed: int,
         data = buf.getvalue()
         name = f"shard-{i:05d}.npz"
         store.put(name, data)
-        digest = hashlib.sha256(data).hexdigest()
-        entries.append({"name": name, "samples": samples_per_shard, "sha256": digest})
+        entries.append({"name": name, "samples": samples_per_shard, **checksum.of(data)})
     index = {
         "format": FORMAT,
         "input_shape": list(INPUT_SHAPE),
@@ -117,8 +116,10 @@ def load(uri: str, endpoint_url: str | None = None) -> Dataset:
             data = store.get(name)
         except FileNotFoundError:
             raise BadInput(f"dataset {uri}: shard {name} listed in {INDEX} is missing") from None
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise BadInput(f"dataset {uri}: shard {name} fails its sha256 check (corrupt or replaced)")
+        try:
+            checksum.verify(entry, data)
+        except ValueError as why:
+            raise BadInput(f"dataset {uri}: shard {name} {why} (corrupt or replaced)") from None
         with np.load(io.BytesIO(data)) as z:
             x, y = z["x"], z["y"]
         if x.shape[0] != entry["samples"] or y.shape != (x.shape[0],):

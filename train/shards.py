@@ -4,13 +4,13 @@ Layout (same on S3 and on disk), written by `python -m train.data pack`:
 
     <uri>/index.json        {"format": "ringtrain-wds/1", "kind": "image" | "tokens", "samples": N,
                              "shards": [{"name": "shard-00000.tar", "samples": M, "bytes": B,
-                                         "sha256": "..."}], ...kind's own fields}
+                                         "xxh3_128": "..."}], ...kind's own fields}
     <uri>/shard-00000.tar   a WebDataset shard: the files of one sample share a key
                             (000017.png + 000017.cls; 000017.tokens.npy)
 
 Streaming (ShardStream): each worker reads only its own shards, whole objects, a few ahead on threads
-of their own, each checked against its sha256; memory is bounded by the shards in flight, not by
-the dataset. The first batch is ready once the worker's first shard has arrived.
+of their own, each checked against its checksum (train.checksum); memory is bounded by the shards in
+flight, not by the dataset. The first batch is ready once the worker's first shard has arrived.
 
 Position (`Plan`, saved in checkpoints through the trainer): an epoch's shards in an order drawn from
 (seed, epoch), dealt round-robin to the workers; each shard's samples in an order drawn from (seed,
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from train import checksum
 from train.errors import BadInput
 from train.storage import open_store
 
@@ -71,7 +71,7 @@ def write_dataset(uri: str, samples_by_shard: Iterator[list[dict]], meta: dict,
         data = tar_shard(samples)
         store.put(shard_name(i), data)
         entries.append({"name": shard_name(i), "samples": len(samples), "bytes": len(data),
-                        "sha256": hashlib.sha256(data).hexdigest()})
+                        **checksum.of(data)})
         if progress is not None:
             progress(len(samples))
     index = {"format": FORMAT, **meta, "samples": sum(e["samples"] for e in entries), "shards": entries}
@@ -109,8 +109,10 @@ class ShardedDataset:
             data = self.store.get(name)
         except FileNotFoundError:
             raise BadInput(f"dataset {self.uri}: shard {name} listed in {INDEX} is missing") from None
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise BadInput(f"dataset {self.uri}: shard {name} fails its sha256 check (corrupt or replaced)")
+        try:
+            checksum.verify(entry, data)
+        except ValueError as why:
+            raise BadInput(f"dataset {self.uri}: shard {name} {why} (corrupt or replaced)") from None
         try:
             files = ({**f, "__url__": name} for f in wt.tar_file_iterator(io.BytesIO(data)))
             samples = list(wt.group_by_keys(files))
@@ -278,7 +280,7 @@ class ShardStream:
     def _iterate(self) -> Iterator[tuple[list[tuple[dict, int]], dict]]:
         _ = self.ds.store  # one client, made here; boto3's clients are thread-safe
         # `readahead` shards in flight on as many threads: S3 serves concurrent GETs in parallel, and
-        # the reads, the sha256 and the copies release the GIL.
+        # the reads, the checksum and the copies release the GIL.
         pool = ThreadPoolExecutor(self.readahead + 1, thread_name_prefix="ringtrain-shards")
         segments = self._segments_from(self.plan)
         pending: collections.deque = collections.deque()

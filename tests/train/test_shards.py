@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import xxhash
 
 from cluster.example_data import main as example_data_main
 from cluster.local.objectstore import LOCAL_CREDENTIALS
@@ -102,8 +103,16 @@ def test_a_missing_or_corrupt_shard_is_one_clear_error_naming_it(tmp_path):
     shards.write_dataset(str(uri), iter(_samples(2, 4)), {"kind": "image", "classes": ["a", "b"]})
     ds = shards.open_dataset(str(uri), None, "image")
     (uri / "shard-00001.tar").write_bytes(b"not a tar")
-    with pytest.raises(BadInput, match=r"shard shard-00001.tar fails its sha256 check"):
+    with pytest.raises(BadInput, match=r"shard shard-00001.tar fails its xxh3_128 check"):
         ds.read_shard(1)
+    # An index written before the checksum became XXH3-128 names a sha256; it still verifies.
+    old = dict(ds.shards[0])
+    del old["xxh3_128"]
+    ds.shards[0] = {**old, "sha256": hashlib.sha256((uri / "shard-00000.tar").read_bytes()).hexdigest()}
+    assert len(ds.read_shard(0)) == 4
+    ds.shards[0] = {**old, "md5": "0" * 32}
+    with pytest.raises(BadInput, match=r"shard-00000.tar has no checksum we know \(xxh3_128 or sha256\)"):
+        ds.read_shard(0)
     (uri / "shard-00001.tar").unlink()
     with pytest.raises(BadInput, match=r"shard shard-00001.tar listed in index.json is missing"):
         list(shards.ShardStream(ds, 0, 2, 0, 1, None))
@@ -146,7 +155,7 @@ def test_pack_digits_and_text_to_the_local_store_with_checksums(tmp_path, object
     assert [s["samples"] for s in ds.shards] == [500, 500, 500, 117]
     client = object_store.client()
     body = client.get_object(Bucket=s3_bucket, Key="digits/train/shard-00003.tar")["Body"].read()
-    assert hashlib.sha256(body).hexdigest() == ds.shards[3]["sha256"]
+    assert xxhash.xxh3_128(body).hexdigest() == ds.shards[3]["xxh3_128"]
     labels = Counter(int(s["cls"]) for s in ds.read_shard(0))
     assert len(labels) == 10  # shuffled before sharding: every shard mixes the classes
 

@@ -44,7 +44,7 @@ def test_missing_and_corrupt_datasets_are_bad_input(tmp_path):
         data_mod.load(str(tmp_path))
     data_mod.generate(str(tmp_path), shards=2, samples_per_shard=8, seed=0)
     (tmp_path / "shard-00001.npz").write_bytes(b"garbage")
-    with pytest.raises(BadInput, match="shard-00001.npz fails its sha256 check"):
+    with pytest.raises(BadInput, match="shard-00001.npz fails its xxh3_128 check"):
         data_mod.load(str(tmp_path))
 
 
@@ -227,8 +227,8 @@ def test_a_checkpoint_checked_by_sha256_still_restores_and_one_without_a_checksu
     checkpoints.store.put("step-000000030/manifest.json", json.dumps(manifest).encode())
     found, messages = _latest_valid_and_warnings(checkpoints)
     assert found.step == 20
-    assert messages == [f"skipping checkpoint {checkpoints.store.uri}/step-000000030: manifest gives no "
-                        "checksum of state.pt (one of xxh3_128, sha256)"]
+    assert messages == [f"skipping checkpoint {checkpoints.store.uri}/step-000000030: state.pt has no "
+                        "checksum we know (xxh3_128 or sha256)"]
 
 
 def test_generator_cli_writes_a_dataset_and_refuses_bad_sizes(tmp_path, capsys):
