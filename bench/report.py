@@ -459,10 +459,10 @@ def readme_table(r: dict) -> str:
             rows.append(f"| checkpoint write / restore, {z['bytes'] / 1e9:.1f} GB / bare boto3, local S3 | "
                         f"{w[0]} / {rs[0]} | ≥ {z['write']['target']}: {w[1]} / {rs[1]} |")
     runs = _runs(r)
-    # The README has a size limit: later runs of some sections are named in RESULTS.md only.
+    # The README has a size limit: the runs of single sections are named in RESULTS.md only.
     dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
-    by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by `{runs[0][0]['command']}`" + \
-        (" and later runs of some sections" if len(runs) > 1 else "")
+    by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by " + \
+        (f"{len(runs)} runs of `scripts/bench` sections" if len(runs) > 1 else f"`{runs[0][0]['command']}`")
     head = [
         f"Measured {by} on {m['cores']} cores ({m['cpu_model']}), shared with other work: read the "
         "ratios (95 % interval in parentheses), not the rates. Methods and every figure: "

@@ -178,7 +178,7 @@ def test_a_document_merged_from_two_runs_names_both_and_what_each_measured(resul
              "load_avg": [7.5, 6.0, 5.0], "load_avg_end": [9.25, 8.0, 6.0], "cpu_model": "Test CPU"}
     comparison, shape = _image_comparison()
     results["sections"]["image_task"] = {**sections.image_task_figures(comparison, shape), "measured": later}
-    assert ("Measured 2026-01-01 to 2026-02-01 by `scripts/bench` and later runs of some sections "
+    assert ("Measured 2026-01-01 to 2026-02-01 by 2 runs of `scripts/bench` sections "
             "on 2 cores (Test CPU)") in report.readme_table(results)
     text = report.markdown(results)
     assert ("Measured with 2 runs: `scripts/bench` (2026-01-01T00:00:00+00:00 to 2026-01-01T00:10:00+00:00, "
