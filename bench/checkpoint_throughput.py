@@ -2,7 +2,7 @@
 against a bare boto3 transfer of the same bytes to the same store (the local moto S3 server on
 loopback), per state size, in paired repeats.
 
-Write: CheckpointStore.write (torch.save streamed through a pipe, sha256, multipart upload, manifest)
+Write: CheckpointStore.write (torch.save streamed through a pipe, checksum, multipart upload, manifest)
 against boto3's upload_file of the same bytes, serialized once beforehand into a file. Each side drops
 its previous copy untimed (our prune; the trainer hears "written" before it, as here).
 Restore: CheckpointStore.latest_valid (listing, manifest, ranged GETs into an in-memory file hashed
@@ -143,9 +143,9 @@ def section(plan, progress: Callable[[str], None]) -> dict:
             "ours": {"part_bytes": S3_PART_BYTES, "concurrency": S3_CONCURRENCY},
             "method": "per size, paired repeats in alternating order (ours first in even repeats): all "
                       "writes with the state in memory, then all restores after it is freed. Write: "
-                      "CheckpointStore.write of the state (torch.save streamed, sha256, multipart, "
-                      "manifest) vs boto3 upload_file of the same state serialized once into a file "
-                      "beforehand; each side drops its previous copy untimed (our prune runs after "
+                      "CheckpointStore.write of the state (torch.save streamed, XXH3-128 checksum, "
+                      "multipart, manifest) vs boto3 upload_file of the same state serialized once into "
+                      "a file beforehand; each side drops its previous copy untimed (our prune runs after "
                       "the writer's reply). Restore: CheckpointStore.latest_valid (list, manifest, "
                       "ranged GETs into an in-memory file hashed as the parts arrive, torch.load mapping "
                       "it) vs download_fileobj into an mmap. "

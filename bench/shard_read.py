@@ -1,6 +1,6 @@
 """The shard stream's reads from the local S3 store against bare boto3 (the `shard_read` section of
 `python -m bench`): bytes/s the image and lm tasks' shard stream (train.shards.ShardStream: GETs on
-read-ahead threads, sha256, tar unpacking, the sample order) reads from the local moto store on
+read-ahead threads, checksum, tar unpacking, the sample order) reads from the local moto store on
 loopback, against a bare boto3 loop reading the same objects one after the other with
 `get_object()["Body"].read()`. Interleaved, repeated. It times the input pipeline's S3 side alone,
 for the choice of library in docs/DATA.md.
