@@ -58,7 +58,7 @@ def measure_size(size: ThroughputSize, endpoint_url: str, bucket: str, tmp: Path
     (the state freed first: a 4 GB state, the restored copy and its mmap would not fit beside it)."""
     import torch
 
-    from train import checkpoint as ckpt
+    from train.checkpoint import store as ckpt
     from train.storage import open_store, s3_client
 
     client = s3_client(endpoint_url)

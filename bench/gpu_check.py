@@ -86,8 +86,8 @@ def train_components(precision: str, steps: int = 60) -> dict:
 def pinned_staging_and_restore(mib: int = 512) -> dict:
     import torch
 
-    from train import checkpoint as ckpt
-    from train.checkpoint_writer import CheckpointWriter
+    from train.checkpoint import store as ckpt
+    from train.checkpoint.writer import CheckpointWriter
     from train.storage import open_store
 
     with tempfile.TemporaryDirectory() as root:

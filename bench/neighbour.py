@@ -4,7 +4,7 @@ With a core to spare, a checkpoint's write (serialization, hashing, the upload a
 side of it) runs beside training, not in its way; yet the training step still slows while the write
 runs, because the two cores share what lies under them: the last-level cache, memory bandwidth and,
 on a VM, whatever the host shares. This times the stall section's own model step in one process
-while a neighbour process does a checkpoint's CPU work (train.checkpoint.save and sha256 of a
+while a neighbour process does a checkpoint's CPU work (train.checkpoint.store.save and sha256 of a
 state of the checkpoint's size, over and over, at the lowest priority, as the writer runs), in blocks
 alternating between the neighbour stopped (SIGSTOP) and running, and reports the median of the
 per-pair ratios of the median step. Times the CPU time a checkpoint keeps the spare core busy (the
@@ -40,7 +40,7 @@ def busy(nbytes: int) -> None:
     """A checkpoint's CPU work without the upload, in a loop until killed."""
     import torch
 
-    from train.checkpoint import save
+    from train.checkpoint.store import save
 
     torch.set_num_threads(1)
     state = {"weights": torch.randn(max(1, nbytes // 4))}

@@ -109,7 +109,7 @@ class TrainerRun:
             "batch_size": self.shape.batch_size,
             "summary_samples_per_sec": summary.samples_per_sec,
             "checkpoints_written": summary.checkpoints_written,
-            # training time spent waiting for the previous checkpoint's write (see train.checkpoint_writer)
+            # training time spent waiting for the previous checkpoint's write (see train.checkpoint.writer)
             "checkpoint_wait_s": summary.checkpoint_wait_s,
             # periodic checkpoints due while the previous write went on, taken late (train.trainer)
             "checkpoints_deferred": summary.checkpoints_deferred,

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = lambda msg, cat, *a, **k: f"train: warning: {msg}\n"
     try:
         cfg = parse_args(argv)
-        from train.trainer import run
+        from train.run import run
 
         return run(cfg)
     except BadInput as e:

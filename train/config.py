@@ -19,7 +19,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 CPU_AFFINITIES = ("auto", "off")
 OPTIMIZERS = ("sgd", "adam")
-# How a checkpoint leaves the live tensors (train.checkpoint_writer), named as torchtitan names them.
+# How a checkpoint leaves the live tensors (train.checkpoint.writer), named as torchtitan names them.
 CHECKPOINT_MODES = ("async", "async_with_pinned_mem")
 # --nccl-algo: the value of NCCL_ALGO each choice sets. Without it NCCL picks per collective (ring, tree
 # or, where the hardware has them, CollNet/NVLS; NVIDIA/nccl#790, NVIDIA/nccl-tests#196: two nodes

@@ -14,6 +14,8 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping
 
+import torch
+
 from train.contract import cores_per_worker, cpu_share
 
 # Horovod's cycle time for CPU workers (its own default is 1 ms): how long its background thread
@@ -86,3 +88,13 @@ def idle_while_finishing() -> bool:
     except OSError:
         return False
     return True
+
+
+def fp16_autocast_works() -> bool:
+    """Whether this torch's CPU autocast runs float16 (older builds lack it)."""
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2))
+        return out.dtype == torch.float16
+    except (RuntimeError, TypeError):
+        return False

@@ -27,6 +27,21 @@ def configure_gpu_worker(tf32: bool, local_size: int, environ: Mapping[str, str]
 
 def memory_format(model: torch.nn.Module, on_gpu: bool) -> torch.memory_format:
     """channels_last for models with 2-d convolutions on GPUs (tensor cores take NHWC without
-    transposes); their 4-d inputs follow (trainer._to_device)."""
+    transposes); their 4-d inputs follow (to_device)."""
     conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     return torch.channels_last if on_gpu and conv else torch.contiguous_format
+
+
+def to_device(batch, device: torch.device, fmt: torch.memory_format = torch.contiguous_format):
+    """On a GPU from pinned memory, without blocking the host; images in `fmt` (channels_last for
+    convolutional models, train.gpu)."""
+    if isinstance(batch, torch.Tensor):
+        if device.type != "cuda" or batch.is_cuda:
+            return batch.to(device, non_blocking=True)
+        fmt = fmt if batch.dim() == 4 else torch.contiguous_format
+        return batch.pin_memory().to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device, fmt) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, fmt) for k, v in batch.items()}
+    return batch

@@ -222,7 +222,7 @@ def test_bare_loop_settings_are_the_trainers_cpu_defaults():
     from bench.sections import PRODUCTION
     from train.config import parse_args
     from train.cpu import cpu_threads_per_worker
-    from train.trainer import configure_horovod_env, gradient_groups
+    from train.recipe import configure_horovod_env, gradient_groups
 
     defaults = parse_args([])
     environ: dict[str, str] = {}

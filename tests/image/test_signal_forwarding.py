@@ -445,8 +445,8 @@ def test_the_real_trainer_checkpoints_and_exits_75_when_the_pod_is_told_to_stop(
     import json
 
     from tests.image.helpers import REPO_ROOT
-    from train import checkpoint as ckpt
     from train import data as data_mod
+    from train.checkpoint import store as ckpt
     from train.storage import open_store
     from train.summary import parse_summary
 

@@ -11,8 +11,8 @@ import sys
 import horovod.torch as hvd
 import torch
 
+from train.checkpoint.resume import broadcast_state
 from train.config import parse_args
-from train.resume import broadcast_state
 from train.stop import StopRequest
 from train.trainer import Progress, Trainer
 
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> None:
     del state
     digest = state_digest(trainer.model.state_dict(), trainer.optimizer.state_dict()["state"])
     everyone = hvd.allgather_object({"rank": hvd.rank(), "digest": digest, "step": progress.step})
-    trainer.close_writer()
+    trainer.checkpointer.close()
     if hvd.rank() == 0:
         print(PROBE_PREFIX + json.dumps(everyone), flush=True)
 

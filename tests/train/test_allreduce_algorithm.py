@@ -13,7 +13,7 @@ import pytest
 
 from train.config import parse_args
 from train.errors import BadInput
-from train.trainer import configure_horovod_env
+from train.recipe import configure_horovod_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

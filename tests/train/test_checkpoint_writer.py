@@ -18,10 +18,10 @@ import psutil
 import pytest
 import torch
 
-from train import checkpoint as ckpt
-from train.checkpoint_process import serve
-from train.checkpoint_wire import CheckpointWriterError, layout, rebuild
-from train.checkpoint_writer import CheckpointWriter
+from train.checkpoint import store as ckpt
+from train.checkpoint.process import serve
+from train.checkpoint.wire import CheckpointWriterError, layout, rebuild
+from train.checkpoint.writer import CheckpointWriter
 from train.storage import open_store
 
 pytestmark = pytest.mark.slow  # each test starts a trainer or writer process of its own
@@ -75,13 +75,13 @@ def test_layout_and_rebuild_round_trip_in_memory():
     _assert_same(state, rebuilt)
     assert rebuilt["model"]["tied"] is rebuilt["model"]["w"]
     assert rebuilt["model"]._metadata == {"": {"version": 1}}
-    # without a buffer (train.resume: a rank that receives the state): new tensors, laid out alike
+    # without a buffer (train.checkpoint.resume: a rank that receives the state): new tensors, laid out alike
     fresh = rebuild(skeleton)
     assert fresh["model"]["tied"] is fresh["model"]["w"] and fresh["model"]["w"].shape == (8, 3)
     assert [slot for _, slot in layout(fresh)[1]] == [slot for _, slot in tensors]
 
 
-@pytest.mark.filterwarnings("ignore::train.checkpoint.CheckpointWarning")  # back-to-back submits wait
+@pytest.mark.filterwarnings("ignore::train.checkpoint.store.CheckpointWarning")  # back-to-back submits wait
 def test_writes_what_torch_save_writes_of_the_state_at_submit(tmp_path):
     checkpoints = ckpt.CheckpointStore(open_store(str(tmp_path)), keep=2)
     writer = CheckpointWriter(str(tmp_path), None, keep=2)
@@ -221,7 +221,7 @@ def test_a_submit_after_the_previous_write_is_done_counts_no_wait(tmp_path):
 def test_reading_a_reply_does_not_wake_the_idle_child(tmp_path):
     """The child waits for work in poll(POLLIN). Blocked in recv, it was woken each time the trainer
     read a reply (the reply's memory is the child's socket's, and freeing it signals write space),
-    a cross-core wakeup paid on the training thread (train.checkpoint_process.serve)."""
+    a cross-core wakeup paid on the training thread (train.checkpoint.process.serve)."""
     writer = CheckpointWriter(str(tmp_path), None, keep=3)
     try:
         child = psutil.Process(writer._proc.pid)
@@ -292,7 +292,7 @@ def test_the_child_dies_with_a_killed_trainer_even_mid_write(tmp_path):
     # Mid-write the child is not reading its socket, so only PR_SET_PDEATHSIG can end it in time.
     script = textwrap.dedent(f"""
         import sys, time, torch
-        from train.checkpoint_writer import CheckpointWriter
+        from train.checkpoint.writer import CheckpointWriter
         w = CheckpointWriter({str(tmp_path)!r}, None, keep=1)
         w.submit(1, {{"w": torch.ones(4)}})
         print(w._proc.pid, flush=True)

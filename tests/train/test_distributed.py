@@ -30,8 +30,8 @@ from tests.train.proc import (
     wait_for,
     worker_env,
 )
-from train import checkpoint as ckpt
 from train import data as data_mod
+from train.checkpoint import store as ckpt
 from train.contract import cpu_share
 from train.storage import open_store
 from train.summary import parse_summary
@@ -163,7 +163,7 @@ def test_once_training_ends_both_ranks_idle_so_the_final_checkpoint_gets_the_cor
     workers = wait_for(lambda: len(train_workers(proc)) == 2 and train_workers(proc), 60, "2 workers", proc)
     wait_for(lambda: (ck / "step-000000020" / "state.pt").exists(), 120, "the final state uploaded", proc)
     wait_for(lambda: all(_policies(w) == {os.SCHED_IDLE} for w in workers), 3, "both ranks at SCHED_IDLE")
-    [writer] = [c for w in workers for c in w.children() if "train.checkpoint_process" in c.cmdline()]
+    [writer] = [c for w in workers for c in w.children() if "train.checkpoint.process" in c.cmdline()]
     assert _policies(writer) == {os.SCHED_OTHER} and writer.nice() == 19
     assert not (ck / "step-000000020" / "manifest.json").exists()  # still within the write
     out = finish(proc)

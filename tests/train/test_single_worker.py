@@ -14,7 +14,7 @@ import torch
 
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.proc import finish, metrics_steps, run, start, train_cmd, wait_for, worker_env
-from train import checkpoint as ckpt
+from train.checkpoint import store as ckpt
 from train.storage import open_store
 from train.summary import parse_summary
 

@@ -10,7 +10,7 @@ from train.config import parse_args
 from train.cpu import cpu_threads_per_worker
 from train.data import ShardedSampler
 from train.errors import BadInput
-from train.trainer import lr_at, step_seed
+from train.recipe import lr_at, step_seed
 
 
 def test_defaults_parse():
@@ -106,7 +106,7 @@ def test_lr_scales_with_workers_and_warms_up():
 
 
 def test_fusion_threshold_and_cycle_time_reach_horovods_environment():
-    from train.trainer import configure_horovod_env
+    from train.recipe import configure_horovod_env
 
     env: dict[str, str] = {}
     configure_horovod_env(parse_args([]), on_gpu=True, environ=env)
@@ -122,7 +122,7 @@ def test_fusion_threshold_and_cycle_time_reach_horovods_environment():
 
 
 def test_gradient_groups_default_to_one_on_cpu_workers_only():
-    from train.trainer import gradient_groups
+    from train.recipe import gradient_groups
 
     assert gradient_groups(parse_args([]), on_gpu=False) == 1  # the CPU default the benchmarks chose
     assert gradient_groups(parse_args([]), on_gpu=True) == 0  # GPUs overlap reduction with backward
@@ -165,7 +165,7 @@ def test_each_steps_random_stream_depends_on_seed_rank_and_step_only():
 
 
 def test_fp16_compression_predivides_by_the_worker_count():
-    from train.trainer import predivide_factor
+    from train.recipe import predivide_factor
 
     assert predivide_factor(parse_args(["--compression", "fp16"]), 8) == 8.0
     assert predivide_factor(parse_args([]), 8) == 1.0  # fp32 sums do not overflow: Horovod's default

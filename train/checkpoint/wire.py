@@ -2,7 +2,7 @@
 
 The trainer copies each tensor into a buffer both processes map and sends the state with every tensor
 replaced by its Slot there; the writer rebuilds the state over that memory, with no second copy.
-train.resume lays a state out the same way to broadcast it tensor by tensor.
+train.checkpoint.resume lays a state out the same way to broadcast it tensor by tensor.
 """
 
 from __future__ import annotations

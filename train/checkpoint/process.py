@@ -1,4 +1,4 @@
-"""The checkpoint writer process: how train.checkpoint_writer starts it, and what it does: rebuild each
+"""The checkpoint writer process: how train.checkpoint.writer starts it, and what it does: rebuild each
 checkpoint's state over the shared buffer and write it (CheckpointStore.write) on a thread, while its
 main thread keeps reading, so a stop can abort a periodic write; once the trainer has its reply, that
 thread prunes the older checkpoints, off the trainer's wait.
@@ -30,8 +30,8 @@ from multiprocessing.reduction import recv_handle
 
 import torch
 
-from train.checkpoint import CheckpointStore, WriteCancelled
-from train.checkpoint_wire import CheckpointWriterError, rebuild
+from train.checkpoint.store import CheckpointStore, WriteCancelled
+from train.checkpoint.wire import CheckpointWriterError, rebuild
 from train.cpu import every_thread
 from train.storage import open_store
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from train.checkpoint_wire import layout, rebuild
+from train.checkpoint.wire import layout, rebuild
 
 PIECE_BYTES = 256 << 20  # well inside any 32-bit count, and within Horovod's usual fusion sizes
 

@@ -1,5 +1,5 @@
 """The trainer's side of checkpoint writing: copy the state out of the live tensors into a buffer the
-writer process (train.checkpoint_process) maps, hand it over, and take the replies.
+writer process (train.checkpoint.process) maps, hand it over, and take the replies.
 
 `--checkpoint-mode`, named as torchtitan names them, one code path each:
 - `async`: `submit` copies every tensor into the buffer (a blocking device-to-host copy on a GPU) and
@@ -26,8 +26,8 @@ from multiprocessing.reduction import send_handle
 
 import torch
 
-from train import checkpoint_process
-from train.checkpoint_wire import CheckpointWriterError, layout
+from train.checkpoint import process as checkpoint_process
+from train.checkpoint.wire import CheckpointWriterError, layout
 from train.config import CHECKPOINT_MODES
 
 _CLOSE_TIMEOUT_S = 60

@@ -1,12 +1,12 @@
 """Atomic checkpoints on S3 or a local directory, newest-valid discovery, retention.
 
-(Written off the training process by train.checkpoint_writer.)
+(Written off the training process by train.checkpoint.writer.)
 
 Layout under the checkpoint URI:
 
     step-000000050/state.pt        torch.save of the training state (model, optimizer, scaler,
                                    sampler position, counters; random streams are derived
-                                   per step, see trainer.step_seed)
+                                   per step, see recipe.step_seed)
     step-000000050/manifest.json   {"format": ..., "step": 50, "objects": {"state.pt":
                                    {"xxh3_128": ..., "bytes": ...}}, "write_bytes_per_s": ...}
                                    -- written LAST

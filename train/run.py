@@ -1,0 +1,71 @@
+"""`python -m train`'s run on every rank: Horovod's environment and init, the checks that need it, the
+agreement on inputs, resume, then the trainer's loop (train.trainer; elastic mode: train.elastic).
+
+Collectives happen only at points every rank reaches in the same order, so a bad input on one rank
+raises the same BadInput on all of them instead of leaving the others waiting.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train.checkpoint.resume import broadcast_state
+from train.config import TrainConfig
+from train.errors import BadInput
+from train.recipe import configure_horovod_env
+from train.stop import STOP
+from train.trainer import Progress, Trainer
+
+
+def agree_on_inputs(hvd, error: str | None) -> None:
+    """Every rank learns whether any rank hit bad input, and all raise the same BadInput."""
+    errors = hvd.allgather_object(error, name="ringtrain.inputs")
+    for rank, err in enumerate(errors):
+        if err:
+            raise BadInput(err if rank == 0 else f"(rank {rank}) {err}")
+
+
+def check_horovod_runtime(cfg: TrainConfig, hvd) -> None:
+    """Checks that need hvd.init(). Every rank sees the same size and controller, so all raise alike."""
+    if cfg.horovod.adasum and hvd.size() > 1 and not hvd.mpi_enabled():
+        raise BadInput("--adasum with 2 or more workers needs Horovod's MPI controller (Horovod implements "
+                       "Adasum only over MPI: horovodrun --mpi; the cluster launch always uses Gloo); this "
+                       "job runs on Gloo. Drop --adasum, or launch with horovodrun --mpi")
+
+
+def run(cfg: TrainConfig) -> int:
+    configure_horovod_env(cfg, torch.cuda.is_available())
+    import horovod.torch as hvd
+
+    hvd.init()
+    check_horovod_runtime(cfg, hvd)
+    trainer = Trainer(cfg, hvd, STOP)
+    if cfg.horovod.elastic:
+        from train.elastic import run_elastic
+
+        return run_elastic(trainer, hvd)
+
+    error = None
+    found = None
+    try:
+        found = trainer.prepare_inputs()
+    except BadInput as e:
+        error = str(e)
+    agree_on_inputs(hvd, error)
+    trainer.build()
+    progress = Progress()
+    state = broadcast_state(hvd, found.state if found else None)
+    found = None  # rank 0's copy goes once load_state_dict has copied it
+    if state is not None:
+        error = None
+        try:
+            trainer.apply_checkpoint(state, progress)
+        except BadInput as e:
+            error = str(e)
+        del state
+        agree_on_inputs(hvd, error)
+    else:
+        hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
+    trainer.checkpointer.wait_ready()
+    return trainer.loop(progress).exit_code
