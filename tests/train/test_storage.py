@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from cluster.local.objectstore import LOCAL_CREDENTIALS, ObjectStore, free_port
-from train import checkpoint as ckpt
 from train import data as data_mod
+from train.checkpoint import store as ckpt
 from train.errors import BadInput
 from train.storage import LocalStore, open_store
 
@@ -168,6 +168,34 @@ def test_a_checkpoint_whose_state_is_missing_or_empty_is_skipped_with_a_warning(
     assert found.step == 10
     assert any("step-000000050/state.pt is empty" in m for m in messages), messages
     assert any("step-000000040: state.pt missing" in m for m in messages), messages
+
+
+def test_a_manifest_of_the_wrong_shape_is_skipped_with_a_warning(checkpoints):
+    """A manifest that parses but is not the object it should be (a list, `objects: null`, an entry
+    that is not an object, a write rate that is not a number) is a corrupt checkpoint like any other."""
+    checkpoints.write(10, _state(10))
+    manifest = json.loads(checkpoints.store.get("step-000000010/manifest.json"))
+    data = _saved(_state(10))
+    bad = {
+        20: ["not", "a", "manifest"],
+        30: {**manifest, "step": 30, "objects": None},
+        40: {**manifest, "step": 40, "objects": ["state.pt"]},
+        50: {**manifest, "step": 50, "objects": {"state.pt": "0" * 32}},
+        60: {**manifest, "step": 60, "write_bytes_per_s": "fast"},
+    }
+    for step, body in bad.items():
+        checkpoints.store.put(f"{ckpt.step_dir(step)}/state.pt", data)
+        checkpoints.store.put(f"{ckpt.step_dir(step)}/manifest.json", json.dumps(body).encode())
+    found, messages = _latest_valid_and_warnings(checkpoints)
+    assert found.step == 10
+    prefix = f"skipping checkpoint {checkpoints.store.uri}/"
+    assert sorted(messages) == [
+        prefix + "step-000000020: the manifest is a list, not an object",
+        prefix + "step-000000030: the manifest's objects is null, not an object",
+        prefix + "step-000000040: the manifest's objects is a list, not an object",
+        prefix + "step-000000050: the manifest's objects.state.pt is a string, not an object",
+        prefix + "step-000000060: the manifest's write_bytes_per_s is a string, not a number",
+    ], messages
 
 
 def _mapping_of(tensor: torch.Tensor) -> str:

@@ -143,6 +143,26 @@ class Found:
     write_rate: float | None = None  # bytes/s its write reached (the manifest's write_bytes_per_s)
 
 
+def _check_manifest_shape(manifest) -> None:
+    """ValueError (its reason) unless the parsed manifest has the types read() relies on: an object,
+    `objects` an object of objects, `write_bytes_per_s` a number when present."""
+    def kind(value) -> str:
+        return {dict: "an object", list: "a list", str: "a string", type(None): "null",
+                bool: "a boolean"}.get(type(value), "a number")
+
+    if not isinstance(manifest, dict):
+        raise ValueError(f"the manifest is {kind(manifest)}, not an object")
+    objects = manifest.get("objects", {})
+    if not isinstance(objects, dict):
+        raise ValueError(f"the manifest's objects is {kind(objects)}, not an object")
+    for name, entry in objects.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"the manifest's objects.{name} is {kind(entry)}, not an object")
+    rate = manifest.get("write_bytes_per_s")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
+        raise ValueError(f"the manifest's write_bytes_per_s is {kind(rate)}, not a number")
+
+
 class CheckpointStore:
     """Reads list the store afresh; the writing side lists once and then keeps its own record of what
     is there (one writer per job writes under its URI), so a checkpoint costs two PUTs and, once
@@ -211,6 +231,7 @@ class CheckpointStore:
             raise ValueError("no manifest (a write that did not finish)") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"unreadable manifest: {e}") from None
+        _check_manifest_shape(manifest)
         if manifest.get("format") != FORMAT or manifest.get("step") != step:
             raise ValueError(f"manifest format/step mismatch ({manifest.get('format')}, "
                              f"{manifest.get('step')})")
