@@ -570,18 +570,38 @@ def test_what_each_target_copies_to_opt_ringtrain_is_a_working_entrypoint(tmp_pa
 # NCCL / EFA environment defaults
 
 
-def env_defaults() -> dict[str, str]:
+def env_sections() -> dict[str, dict[str, str]]:
     return entry_settings.parse_env_file(ENV_FILE.read_text(), str(ENV_FILE))
 
 
-def test_dockerfile_sets_exactly_the_documented_env_defaults():
+def env_defaults(network: str = "efa") -> dict[str, str]:
+    """What a worker of that network applies: [common] plus its section."""
+    return entry_settings.network_defaults(env_sections(), network)
+
+
+def test_dockerfile_sets_exactly_the_common_env_defaults():
+    """Both targets bake [common] only: the network sections are the node group's (the entrypoint applies
+    one on the worker), and the launcher's environment reaches every rank through horovodrun."""
+    common = env_sections()["common"]
     for stage in TARGET_STAGES:
         stage_env = dockerfile_env(DOCKERFILE.read_text(), stage)
-        defaults = env_defaults()
-        assert {k: stage_env.get(k) for k in defaults} == defaults, stage
+        assert {k: stage_env.get(k) for k in common} == common, stage
         paths = {"VIRTUAL_ENV", "PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "DEBIAN_FRONTEND"}
-        undocumented = set(stage_env) - set(defaults) - paths
-        assert undocumented == set(), f"{stage}: NCCL/EFA settings the env file does not document"
+        undocumented = set(stage_env) - set(common) - paths
+        assert undocumented == set(), f"{stage}: settings baked in that [common] does not document"
+
+
+def test_etc_environment_gets_the_common_section_only(tmp_path):
+    """The awk program the Dockerfile runs on the env file (copied out of its RUN line) prints exactly the
+    [common] settings: sessions sshd starts get no network section from the image."""
+    run = next(args for instr, args in dockerfile_instructions(DOCKERFILE.read_text())
+               if instr == "RUN" and ">> /etc/environment" in args)
+    program = re.search(r"awk '([^']+)'", run).group(1)
+    res = subprocess.run(["awk", program, str(ENV_FILE)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert dict(line.split("=", 1) for line in lines) == env_sections()["common"]
+    assert len(lines) == len(env_sections()["common"])
 
 
 def test_the_launcher_exports_the_workers_environment():
@@ -629,7 +649,10 @@ def field_rule_violations(defaults: dict[str, str]) -> list[str]:
 
 
 def test_env_defaults_follow_the_field_rules():
-    assert field_rule_violations(env_defaults()) == []
+    """On EFA groups the cheatsheet's rules hold; no section sets what it forbids."""
+    assert field_rule_violations(env_defaults("efa")) == []
+    for network in entry_settings.NETWORKS:
+        assert [p for p in field_rule_violations(env_defaults(network)) if "must not be set" in p] == []
 
 
 def test_env_rule_check_catches_a_forbidden_or_wrong_setting():
