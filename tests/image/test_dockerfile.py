@@ -213,7 +213,8 @@ def test_the_launcher_is_slim():
     assert not base.startswith("nvcr.io/nvidia/cuda"), base
     froms = {m.group(1) for instr, args in instructions if instr == "COPY"
              for m in [re.search(r"--from=(\S+)", args)] if m}
-    assert froms == {"launcher-build"}, froms
+    assert froms == {"launcher-build", "python"}, froms
+    assert not all_stages["python"][0].startswith("nvcr.io/nvidia/cuda"), all_stages["python"][0]
     build_base, build_instructions = all_stages["launcher-build"]
     assert not build_base.startswith("nvcr.io/nvidia/cuda"), build_base
     runs = " ".join(args for instr, args in instructions + build_instructions if instr == "RUN")
@@ -671,3 +672,39 @@ def test_env_rules_match_the_field_notes_text():
     assert re.search(r"`RDMAV_FORK_SAFE`\s*\|\s*never set", section)
     assert re.search(r"`FI_EFA_USE_DEVICE_RDMA=1`\s*\|\s*only with aws-ofi-nccl < 1\.7", section)
     assert "EFA installer 1.47.0" in section and "NCCL v2.29.3-1" in section and "GDRCopy v2.5.1" in section
+
+
+# --------------------------------------------------------------------------------------------------
+# A maintained, pinned Python
+
+
+def test_no_stage_installs_ubuntus_python():
+    """Ubuntu 22.04's python3.11 is 3.11.0~rc1-1~22.04.1 (jammy-updates, universe): a release candidate."""
+    for stage, (_, instructions) in stages().items():
+        for instr, args in instructions:
+            if instr == "RUN" and "apt-get install" in args:
+                assert not re.search(r"\bpython(\$\{PYTHON_VERSION\}|3\.\d+)", args), f"{stage}: {args}"
+
+
+def test_python_is_one_pinned_standalone_build_copied_into_every_venv_stage():
+    """python-build-standalone release 20260814 builds CPython 3.11.16 (astral-sh/python-build-standalone
+    pythonbuild/downloads.py at that tag). Every stage that makes or runs the venv has that build at the
+    same path (a venv's interpreter is a link to it)."""
+    args = build.dockerfile_args(DOCKERFILE.read_text())
+    assert args["PYTHON_STANDALONE_RELEASE"] == "20260814"
+    assert args["PYTHON_FULL_VERSION"] == "3.11.16"
+    assert args["PYTHON_FULL_VERSION"].startswith(args["PYTHON_VERSION"] + ".")
+    all_stages = stages()
+    _, python_stage = all_stages["python"]
+    (fetch,) = [a for i, a in python_stage if i == "RUN" and "python-build-standalone" in a]
+    assert "install_only.tar.gz" in fetch and "SHA256SUMS" in fetch and "sha256sum -c" in fetch
+    assert 'releaselevel) == (sys.argv[1], "final")' in fetch, "the build checks the exact final release"
+    assert "s|/install|/opt/python|g" in fetch and 'get_config_var("INCLUDEPY")' in fetch
+    for stage in ("build", "launcher-build", "launcher", "train"):
+        copies = [a for i, a in all_stages[stage][1] if i == "COPY" and "--from=python" in a]
+        assert copies == ["--from=python /opt/python /opt/python"], stage
+    for stage in ("build", "launcher-build"):
+        runs = " ".join(a for i, a in all_stages[stage][1] if i == "RUN")
+        assert '/opt/python/bin/python"${PYTHON_VERSION}" -m venv /opt/venv' in runs, stage
+        env = dockerfile_env(DOCKERFILE.read_text(), stage)
+        assert (env.get("CC"), env.get("CXX")) == ("gcc", "g++"), "its sysconfig names clang"
