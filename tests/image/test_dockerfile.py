@@ -88,6 +88,7 @@ def pin_mismatches(dockerfile: str, pyproject: str, setup: str, build_horovod: s
             problems.append(f"{what}: Dockerfile has {image_value}, {where} has {other_value}")
 
     differ("torch", args.get("TORCH_VERSION"), deps.get("torch"), "pyproject.toml")
+    differ("torchvision", args.get("TORCHVISION_VERSION"), deps.get("torchvision"), "pyproject.toml")
     differ("horovod", args.get("HOROVOD_VERSION"), deps.get("horovod"), "pyproject.toml")
     m = re.search(r"^HOROVOD_VERSION=(\S+)", build_horovod, re.MULTILINE)
     differ("horovod", args.get("HOROVOD_VERSION"), m and m.group(1), "scripts/build-horovod")
@@ -137,6 +138,7 @@ def test_dockerfile_pins_agree_with_pyproject_lock_and_setup():
     "old, new, complaint",
     [
         ("ARG TORCH_VERSION=2.13.0", "ARG TORCH_VERSION=2.12.0", "torch"),
+        ("ARG TORCHVISION_VERSION=0.28.0", "ARG TORCHVISION_VERSION=0.27.0", "torchvision"),
         ("ARG HOROVOD_VERSION=0.28.1", "ARG HOROVOD_VERSION=0.28.0", "horovod"),
         # The train stage only (its ARG is followed by its own SHELL line and comment).
         ("ARG PYTHON_VERSION=3.11\nSHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]\nENV DEBIAN_FRONTEND="
@@ -381,7 +383,10 @@ def test_image_requirements_are_what_the_trainer_and_horovod_need_and_nothing_el
     horovod = dependency_closure(("horovod",)) - {"horovod"}  # its wheel goes in with --no-deps
     assert {"cloudpickle", "psutil", "pyyaml", "packaging", "cffi"} <= horovod, "test premise"
     assert set(_requirements(HOROVOD_REQUIREMENTS)) == horovod
-    trainer = dependency_closure(TRAINER_DIRECT, stop=torch_deps | horovod)
+    # torchvision itself comes from torch's index (--no-deps); what it needs comes from the requirements.
+    trainer = dependency_closure(TRAINER_DIRECT, stop=torch_deps | horovod | {"torchvision"})
+    trainer |= dependency_closure(("torchvision",), stop=torch_deps | horovod) - {"torchvision"}
+    assert "pillow" in trainer, "test premise: torchvision's own needs stay pinned"
     assert set(_requirements(TRAIN_REQUIREMENTS)) == trainer
     carried = set(_requirements(HOROVOD_REQUIREMENTS)) | set(_requirements(TRAIN_REQUIREMENTS))
     assert carried.isdisjoint(canonicalize_name(n) for n in CLUSTER_TOOLING), carried
@@ -404,7 +409,7 @@ def test_the_trainer_imports_only_what_the_image_carries():
     modules = set().union(*(_imports(p) for p in sources))
     first_party = {m for m in modules if m.split(".")[0] == "train"}
     providers = importlib.metadata.packages_distributions()
-    carried = ({"torch", "horovod", "tensorboard"} | set(_requirements(HOROVOD_REQUIREMENTS))
+    carried = ({"torch", "torchvision", "horovod", "tensorboard"} | set(_requirements(HOROVOD_REQUIREMENTS))
                | set(_requirements(TRAIN_REQUIREMENTS)))
     missing = {}
     for module in modules - first_party:
@@ -708,3 +713,23 @@ def test_python_is_one_pinned_standalone_build_copied_into_every_venv_stage():
         assert '/opt/python/bin/python"${PYTHON_VERSION}" -m venv /opt/venv' in runs, stage
         env = dockerfile_env(DOCKERFILE.read_text(), stage)
         assert (env.get("CC"), env.get("CXX")) == ("gcc", "g++"), "its sysconfig names clang"
+
+
+# --------------------------------------------------------------------------------------------------
+# torchvision from torch's CUDA variant
+
+
+def test_torchvision_comes_from_torchs_cuda_index_not_pypi():
+    """PyPI's torchvision is built for PyPI's default CUDA; beside torch cu126 its C++ ops do not load.
+    The image installs it from TORCH_INDEX_URL without dependencies (they are pinned in the requirement
+    files), at pyproject's and requirements.lock's version, and checks its ops load with torch's CUDA."""
+    args = build.dockerfile_args(DOCKERFILE.read_text())
+    assert args["TORCHVISION_VERSION"] == _lock()["torchvision"]
+    assert "torchvision" not in _requirements(TRAIN_REQUIREMENTS), "not from PyPI"
+    runs = [a for i, a in stages()["build"][1] if i == "RUN"]
+    (install,) = [r for r in runs if '"torchvision==${TORCHVISION_VERSION}"' in r]
+    from_index = r'--no-deps --index-url "\$\{TORCH_INDEX_URL\}"\s+"torchvision==\$\{TORCHVISION_VERSION\}"'
+    assert re.search(from_index, install), install
+    (check,) = [r for r in runs if "torch.ops.torchvision.nms" in r]
+    assert "torchvision.version.cuda == torch.version.cuda" in check
+    assert check.index("requirements-train.txt") < check.index("torch.ops.torchvision.nms"), "Pillow first"
