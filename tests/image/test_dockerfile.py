@@ -163,12 +163,14 @@ def test_pin_check_fails_when_pyproject_moves_on():
     assert any("torch" in p and "2.14.0" in p for p in pin_mismatches(**sources))
 
 
-def test_field_note_pins_for_the_efa_stack():
-    """docs/field-notes.md §2: EFA installer 1.47.0, GDRCopy v2.5.1, NCCL v2.29.3-1 (>= 2.18.5 for p5;
-    NCCL >= 2.19 needs EFA installer >= 1.29.1), CUDA >= 12 for p5, Ubuntu 22.04 bases."""
+def test_current_pins_for_the_efa_stack():
+    """EFA installer 1.51.0 (2026-10-22, the newest in the EC2 user guide's EFA release notes read
+    2026-12-06: aws-ofi-nccl 1.22.0, libfabric 2.7.0amzn2.0); GDRCopy v2.6 (NVIDIA/gdrcopy tag of
+    2026-06-12, the newest); NCCL v2.29.3-1, torch's (>= 2.18.5 for p5; NCCL >= 2.19 needs EFA installer
+    >= 1.29.1, docs/field-notes.md §2), CUDA >= 12 for p5, Ubuntu 22.04 bases."""
     args = build.dockerfile_args(DOCKERFILE.read_text())
-    assert args["EFA_INSTALLER_VERSION"] == "1.47.0"
-    assert args["GDRCOPY_VERSION"] == "v2.5.1"
+    assert args["EFA_INSTALLER_VERSION"] == "1.51.0"
+    assert args["GDRCOPY_VERSION"] == "v2.6"
     assert args["NCCL_VERSION"] == "v2.29.3-1"
     assert args["UBUNTU_VERSION"] == "22.04"
     assert int(args["CUDA_VERSION"].split(".")[0]) >= 12
@@ -180,7 +182,7 @@ def test_field_note_pins_for_the_efa_stack():
     assert vt(args["EFA_INSTALLER_VERSION"]) >= (1, 29, 1)
     # Every stage that installs EFA uses the one pinned version (no stray literal versions).
     text = DOCKERFILE.read_text()
-    assert set(re.findall(r"ARG EFA_INSTALLER_VERSION=(\S+)", text)) == {"1.47.0"}
+    assert set(re.findall(r"ARG EFA_INSTALLER_VERSION=(\S+)", text)) == {"1.51.0"}
     assert text.count("efa_installer.sh -y -g") == 2, "build and runtime stages both run the installer"
 
 
@@ -252,8 +254,8 @@ def test_per_build_args_come_just_before_the_label():
 
 def test_the_per_build_arg_rule_catches_an_early_declaration():
     text = DOCKERFILE.read_text().replace(
-        "ARG EFA_INSTALLER_VERSION=1.47.0\nARG PYTHON_VERSION=3.11\nSHELL",
-        "ARG EFA_INSTALLER_VERSION=1.47.0\nARG PYTHON_VERSION=3.11\nARG VCS_REF=unknown\nSHELL")
+        "ARG EFA_INSTALLER_VERSION=1.51.0\nARG PYTHON_VERSION=3.11\nSHELL",
+        "ARG EFA_INSTALLER_VERSION=1.51.0\nARG PYTHON_VERSION=3.11\nARG VCS_REF=unknown\nSHELL")
     assert text != DOCKERFILE.read_text(), "test premise: the train stage's ARGs are where expected"
     assert any(p.startswith("train: ") and "RUN" in p for p in per_build_arg_violations(text))
 
@@ -628,7 +630,7 @@ def test_every_default_is_documented_by_a_comment():
 
 
 # The rules of docs/field-notes.md §2 (awsome-distributed-training efa-cheatsheet.md) for the installed
-# versions: EFA installer 1.47.0 brings libfabric >= 1.18 and aws-ofi-nccl >= 1.7.
+# versions: EFA installer 1.51.0 brings libfabric >= 1.18 and aws-ofi-nccl >= 1.7.
 REQUIRED = {
     "FI_EFA_USE_HUGE_PAGE": "0",
     "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
