@@ -55,6 +55,10 @@ SELFTEST_ARGS = ("selftest",)
 EXPECT_GPUS_ENV = "RINGTRAIN_EXPECT_GPUS"
 EXPECT_EFA_ENV = "RINGTRAIN_EXPECT_EFA"
 # The entrypoint's old self-test switch, which reached the GPU-less launcher too; it now refuses it.
+# Which section of the image's NCCL settings (image/nccl-efa.env) a GPU worker applies: efa where the node
+# group has EFA interfaces (the aws-ofi-nccl plugin), socket elsewhere (NCCL's own TCP transport). Worker
+# pods only: horovodrun exports the launcher's environment to every rank, so it carries none of them.
+NETWORK_ENV = "RINGTRAIN_NETWORK"
 SELFTEST_SWITCH_ENV = "RINGTRAIN_SELFTEST"
 # scripts/image-build pushes the launcher target as <repository>:<tag>-launcher beside each worker tag
 # (image/build.py LAUNCHER_TAG_SUFFIX; tests keep the two equal).
@@ -363,6 +367,9 @@ def render_mpijob(
         # the pod Pending forever on a node that has not reserved any.
         requests[EFA_RESOURCE] = limits[EFA_RESOURCE] = workers.efa_interfaces
     resources = {"requests": requests, "limits": limits}
+    worker_env = env
+    if workers.gpus_per_node and not any(item["name"] == NETWORK_ENV for item in env):  # a job may override
+        worker_env = [*env, {"name": NETWORK_ENV, "value": "efa" if workers.efa_interfaces else "socket"}]
     init_containers = []
     if workers.gpus_per_node:
         # The self-test sees what the worker will see: the same image, environment and devices (the
@@ -374,7 +381,7 @@ def render_mpijob(
             "name": "selftest",
             "image": image,
             "args": list(SELFTEST_ARGS),
-            "env": env + expect,
+            "env": worker_env + expect,
             "resources": resources,
             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
         })
@@ -407,7 +414,7 @@ def render_mpijob(
                 # Host keys, then sshd as the entrypoint's child: horovodrun reaches the workers over ssh,
                 # and the entrypoint stays PID 1 to forward the pod's SIGTERM to the trainers.
                 "args": list(WORKER_ARGS),
-                **({"env": env} if env else {}),
+                **({"env": worker_env} if worker_env else {}),
                 "ports": [{"name": "ssh", "containerPort": ssh_port, "protocol": "TCP"}],
                 # Ready only once sshd accepts connections: the job's headless Service publishes only
                 # ready pods' addresses and the operator starts a static job's launcher only when all

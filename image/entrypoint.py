@@ -23,6 +23,10 @@ Environment (all optional):
     RINGTRAIN_SELFTEST_REQUIRE   what --check-build must list      [PyTorch,Gloo,MPI,NCCL]
     RINGTRAIN_SELFTEST_TIMEOUT   seconds each external check may take                        [180]
     RINGTRAIN_ENV_FILE           NCCL/EFA defaults applied where unset [/etc/ringtrain/nccl-efa.env]
+    RINGTRAIN_NETWORK            efa | socket | auto: which network section of that file applies in the
+                                 worker modes (selftest, train, sshd); the MPIJob sets it from the node
+                                 group; auto: efa if the node shows EFA devices. The launcher applies the
+                                 common section only                                               [auto]
     RINGTRAIN_SSH_DIR            where the MPI Operator mounts the job's keys (sshAuthMountPath) [/root/.ssh]
     RINGTRAIN_STOP_GRACE_S       sshd mode: seconds the trainers get to checkpoint and exit after SIGTERM,
                                  kept below the worker pod's terminationGracePeriodSeconds (120)   [100]
@@ -54,19 +58,24 @@ if _HERE not in sys.path:
     sys.path.append(_HERE)
 
 from ringtrain_entry.host import Host  # noqa: E402
-from ringtrain_entry.selftest import allreduce_worker, run_selftest  # noqa: E402
+from ringtrain_entry.selftest import allreduce_worker, efa_devices, run_selftest  # noqa: E402
 from ringtrain_entry.settings import (  # noqa: E402
     DEFAULT_ENV_FILE,
+    ETC_ENVIRONMENT,
     EXIT_OK,
     EXIT_SELFTEST_FAILED,
     EXIT_USAGE,
+    NETWORKS,
     Invocation,
     UsageError,
     apply_env_defaults,
+    environment_with_network,
+    network_defaults,
     parse_env_file,
     parse_invocation,
     parse_settings,
     parse_stop_grace,
+    resolve_network,
 )
 from ringtrain_entry.supervisor import (  # noqa: E402
     DEFAULT_HOST_KEY_DIR,
@@ -78,6 +87,8 @@ from ringtrain_entry.supervisor import (  # noqa: E402
 )
 
 USAGE = __doc__.split("\n\n")[1]
+# The modes that run on a worker node and so use its network section (see RINGTRAIN_NETWORK).
+WORKER_MODES = ("selftest", "train", "sshd")
 
 
 def handover_command(inv: Invocation, python: str = sys.executable, sshd: str = SSHD) -> list[str]:
@@ -105,18 +116,26 @@ def main(
         print(USAGE)
         return EXIT_OK
     try:
-        env_file = Path(env.get("RINGTRAIN_ENV_FILE", DEFAULT_ENV_FILE))
-        if env_file.is_file():
-            apply_env_defaults(env, parse_env_file(env_file.read_text(), str(env_file)))
         inv = parse_invocation(argv, env)
+        host = host or Host(env=env)
+        network = resolve_network(env, len(efa_devices(host.sysfs_infiniband))) if inv.mode in WORKER_MODES \
+            else None
+        env_file = Path(env.get("RINGTRAIN_ENV_FILE", DEFAULT_ENV_FILE))
+        sections = parse_env_file(env_file.read_text(), str(env_file)) if env_file.is_file() else None
+        if sections:
+            apply_env_defaults(env, network_defaults(sections, network))
+            if inv.mode in ("selftest", "sshd"):  # their logs; train's stdout is the trainer's
+                chosen = " ".join(f"{k}={env[k]}" for k in sections[network])
+                print(f"entrypoint: network {network}: {chosen}", flush=True)
         if inv.mode == "allreduce-worker":
             return allreduce_worker(inv.args[0])
-        host = host or Host(env=env)
         if inv.mode == "sshd":
             stop_grace_s = parse_stop_grace(env)
             ssh_dir = Path(env.get("RINGTRAIN_SSH_DIR", str(DEFAULT_SSH_DIR)))
             for note in prepare_sshd(ssh_dir, DEFAULT_HOST_KEY_DIR, SSHD_RUN_DIR, host):
                 print(f"entrypoint: {note}", flush=True)
+            if sections and network:
+                write_session_environment(Path(ETC_ENVIRONMENT_PATH), sections, network, env)
         if inv.mode == "selftest":
             ok = run_selftest(host, parse_settings(env), emit=lambda s: print(s, flush=True))
             return EXIT_OK if ok else EXIT_SELFTEST_FAILED
@@ -131,6 +150,19 @@ def main(
         return (supervise_fn or supervise_sshd)(cmd, env, stop_grace_s)
     (exec_fn or _exec)(cmd, env)
     return EXIT_OK  # only reached with a non-exec exec_fn (tests)
+
+
+# Where sshd's sessions (the trainer ranks) read their environment from (a module attribute: tests move it).
+ETC_ENVIRONMENT_PATH = ETC_ENVIRONMENT
+
+
+def write_session_environment(path: Path, sections: Mapping[str, Mapping[str, str]], network: str,
+                              env: Mapping[str, str]) -> None:
+    """Put this worker's network settings (as resolved in `env`: a pod's own value wins) into the file
+    sshd's sessions read, replacing any network lines written before."""
+    network_keys = {k for n in NETWORKS for k in sections[n]}
+    current = path.read_text() if path.is_file() else ""
+    path.write_text(environment_with_network(current, {k: env[k] for k in sections[network]}, network_keys))
 
 
 def _exec(cmd: list[str], env: Mapping[str, str]) -> None:

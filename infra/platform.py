@@ -46,13 +46,14 @@ class HelmChart:
 # Chart versions pinned; bump deliberately, never float. A chart version is not the version of what it
 # runs, so each pin records both:
 # - NVIDIA k8s-device-plugin: chart and plugin share one version (deployments/helm/
-#   nvidia-device-plugin/Chart.yaml: version == appVersion).
+#   nvidia-device-plugin/Chart.yaml: version == appVersion). v0.20.0: tag of 2026-08-19, the newest in
+#   NVIDIA/k8s-device-plugin (CHANGELOG.md v0.20.0; read 2026-12-06). The previous pin was 0.17.1.
 # - AWS EFA device plugin: aws/eks-charts stable/aws-efa-k8s-device-plugin, chart v0.5.30 (2026-07-21,
 #   newest in the eks-charts snapshot of 2026-08-03) runs plugin v0.5.20 (Chart.yaml appVersion,
 #   values image.tag). The previous pin, chart v0.5.7, ran plugin v0.5.4 (2024).
-NVIDIA_DEVICE_PLUGIN = HelmChart("nvidia-device-plugin", "nvidia-device-plugin", "0.17.1",
+NVIDIA_DEVICE_PLUGIN = HelmChart("nvidia-device-plugin", "nvidia-device-plugin", "0.20.0",
                                  "https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin",
-                                 app_version="0.17.1")
+                                 app_version="0.20.0")
 EFA_DEVICE_PLUGIN = HelmChart("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", "v0.5.30",
                               "https://aws.github.io/eks-charts", "kube-system", app_version="v0.5.20")
 # Kubeflow MPI Operator, latest release (kubeflow.org/v2beta1 MPIJob, the API cluster/mpijob.py renders):

@@ -112,7 +112,8 @@ def check_nccl_uses_efa(output: str, device: str) -> CheckResult:
     network = nccl_network(output)
     said = f"NCCL used network {network!r}" if network else "NCCL logged no network (did it start?)"
     return CheckResult(name, False, f"{said}, not the EFA provider: the job would run over TCP. Check that "
-                       "NCCL_NET_PLUGIN=ofi, /opt/amazon/ofi-nccl/lib is on LD_LIBRARY_PATH and the pod "
+                       "the entrypoint applied the efa network section (RINGTRAIN_NETWORK=efa: "
+                       "NCCL_NET_PLUGIN=ofi), /opt/amazon/ofi-nccl/lib is on LD_LIBRARY_PATH and the pod "
                        "requests vpc.amazonaws.com/efa")
 
 

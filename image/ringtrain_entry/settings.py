@@ -12,6 +12,16 @@ EXIT_SELFTEST_FAILED = 1
 EXIT_USAGE = 2
 
 DEFAULT_ENV_FILE = "/etc/ringtrain/nccl-efa.env"
+# The env file's sections: `common` applies everywhere; exactly one network section applies on a worker,
+# chosen by RINGTRAIN_NETWORK, which cluster/mpijob.py sets on the worker pods from the node group (efa
+# where the group has EFA interfaces, socket elsewhere); unset or `auto`, the node's EFA devices decide.
+COMMON_SECTION = "common"
+NETWORK_ENV = "RINGTRAIN_NETWORK"
+NETWORKS = ("efa", "socket")
+# sshd mode writes the chosen network section here: the trainer ranks are ssh sessions, whose environment
+# is PAM's (pam_env reads /etc/environment) plus what horovodrun exports from the launcher, which carries
+# the common section only (the launcher cannot see the workers' network).
+ETC_ENVIRONMENT = "/etc/environment"
 # The trainers' time to reach a step boundary, checkpoint and exit once SIGTERM is forwarded. It must end
 # before the worker pod's terminationGracePeriodSeconds (cluster/mpijob.py, 120 s: the spot notice),
 # leaving supervisor.SSHD_STOP_S and some slack, or the kubelet's SIGKILL lands mid-checkpoint.
@@ -123,20 +133,66 @@ def parse_invocation(argv: Sequence[str], env: Mapping[str, str]) -> Invocation:
     raise UsageError(f"unknown mode {mode!r}; use one of: selftest, train, launcher, sshd")
 
 
-def parse_env_file(text: str, source: str = "env file") -> dict[str, str]:
-    """KEY=VALUE lines; blank lines and '#' comments ignored. Anything else is an error."""
-    values: dict[str, str] = {}
+def parse_env_file(text: str, source: str = "env file") -> dict[str, dict[str, str]]:
+    """`[section]` headers, each followed by KEY=VALUE lines; blank lines and '#' comments ignored.
+    Returns {section: {key: value}}. The sections must be `common` and one per network (NETWORKS), and a
+    network section may not repeat a common key. Anything else is an error."""
+    sections: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    allowed = (COMMON_SECTION, *NETWORKS)
     for n, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
+        header = re.fullmatch(r"\[([a-z]+)\]", stripped)
+        if header:
+            if header.group(1) not in allowed or header.group(1) in sections:
+                raise UsageError(f"{source}:{n}: section [{header.group(1)}]: each of "
+                                 f"{', '.join(allowed)} once")
+            current = sections.setdefault(header.group(1), {})
+            continue
         m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=(\S*)", stripped)
         if not m:
             raise UsageError(f"{source}:{n}: {line!r} is not KEY=VALUE (no spaces, no quotes)")
-        if m.group(1) in values:
+        if current is None:
+            raise UsageError(f"{source}:{n}: {m.group(1)} comes before any [section] header")
+        if m.group(1) in current:
             raise UsageError(f"{source}:{n}: {m.group(1)} is set twice")
-        values[m.group(1)] = m.group(2)
-    return values
+        current[m.group(1)] = m.group(2)
+    missing = [s for s in allowed if s not in sections]
+    if missing:
+        raise UsageError(f"{source}: no section {', '.join(f'[{s}]' for s in missing)}; it needs "
+                         f"{', '.join(f'[{s}]' for s in allowed)}")
+    for network in NETWORKS:
+        both = sorted(set(sections[network]) & set(sections[COMMON_SECTION]))
+        if both:
+            raise UsageError(f"{source}: {', '.join(both)} in both [{COMMON_SECTION}] and [{network}]")
+    return sections
+
+
+def resolve_network(env: Mapping[str, str], efa_device_count: int) -> str:
+    """The network a worker's NCCL uses: RINGTRAIN_NETWORK (the node group's, set by the MPIJob), or with it
+    unset or `auto`, efa when the node shows EFA devices and socket otherwise."""
+    raw = env.get(NETWORK_ENV, "auto").strip().lower()
+    if raw == "auto":
+        return NETWORKS[0] if efa_device_count else NETWORKS[1]
+    if raw not in NETWORKS:
+        raise UsageError(f"{NETWORK_ENV}={env[NETWORK_ENV]!r}: use {', '.join(NETWORKS)} or auto (the node's "
+                         "EFA devices decide)")
+    return raw
+
+
+def network_defaults(sections: Mapping[str, Mapping[str, str]], network: str | None) -> dict[str, str]:
+    """The common section, plus the network's own (None: common only, as on the launcher)."""
+    return {**sections[COMMON_SECTION], **(sections[network] if network else {})}
+
+
+def environment_with_network(current: str, values: Mapping[str, str], network_keys: set[str]) -> str:
+    """/etc/environment's text with every network-section key replaced by `values` (idempotent: a restarted
+    container rewrites the same lines)."""
+    kept = [line for line in current.splitlines()
+            if line.split("=", 1)[0].strip() not in network_keys or "=" not in line]
+    return "\n".join([*kept, *(f"{k}={v}" for k, v in values.items())]) + "\n"
 
 
 def apply_env_defaults(env: MutableMapping[str, str], defaults: Mapping[str, str]) -> list[str]:

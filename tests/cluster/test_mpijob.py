@@ -203,7 +203,9 @@ def test_storage_locations_image_and_run_policy():
     for role, image in (("Launcher", IMAGE + "-launcher"), ("Worker", IMAGE)):
         (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
         assert container["image"] == image
-        assert "env" not in container  # on AWS the pod's role supplies S3 credentials: nothing to pass
+        # On AWS the pod's role supplies S3 credentials: nothing to pass but the worker's network.
+        assert container.get("env", []) == ([{"name": "RINGTRAIN_NETWORK", "value": "efa"}]
+                                            if role == "Worker" else [])
 
 
 def test_image_tag_comes_from_image_version(tmp_path):
@@ -289,8 +291,9 @@ def test_job_and_store_environment_reach_both_pods():
                              launcher=LAUNCHER)
     for role in ("Launcher", "Worker"):
         (container,) = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]["containers"]
+        network = [{"name": "RINGTRAIN_NETWORK", "value": "efa"}] if role == "Worker" else []
         assert container["env"] == [{"name": "AWS_ENDPOINT_URL", "value": "http://127.0.0.1:9000"},
-                                    {"name": "NCCL_DEBUG", "value": "INFO"}]
+                                    {"name": "NCCL_DEBUG", "value": "INFO"}, *network]
 
 
 def test_pod_args_are_modes_the_image_entrypoint_accepts():

@@ -88,6 +88,7 @@ def pin_mismatches(dockerfile: str, pyproject: str, setup: str, build_horovod: s
             problems.append(f"{what}: Dockerfile has {image_value}, {where} has {other_value}")
 
     differ("torch", args.get("TORCH_VERSION"), deps.get("torch"), "pyproject.toml")
+    differ("torchvision", args.get("TORCHVISION_VERSION"), deps.get("torchvision"), "pyproject.toml")
     differ("horovod", args.get("HOROVOD_VERSION"), deps.get("horovod"), "pyproject.toml")
     m = re.search(r"^HOROVOD_VERSION=(\S+)", build_horovod, re.MULTILINE)
     differ("horovod", args.get("HOROVOD_VERSION"), m and m.group(1), "scripts/build-horovod")
@@ -137,6 +138,7 @@ def test_dockerfile_pins_agree_with_pyproject_lock_and_setup():
     "old, new, complaint",
     [
         ("ARG TORCH_VERSION=2.13.0", "ARG TORCH_VERSION=2.12.0", "torch"),
+        ("ARG TORCHVISION_VERSION=0.28.0", "ARG TORCHVISION_VERSION=0.27.0", "torchvision"),
         ("ARG HOROVOD_VERSION=0.28.1", "ARG HOROVOD_VERSION=0.28.0", "horovod"),
         # The train stage only (its ARG is followed by its own SHELL line and comment).
         ("ARG PYTHON_VERSION=3.11\nSHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]\nENV DEBIAN_FRONTEND="
@@ -161,12 +163,14 @@ def test_pin_check_fails_when_pyproject_moves_on():
     assert any("torch" in p and "2.14.0" in p for p in pin_mismatches(**sources))
 
 
-def test_field_note_pins_for_the_efa_stack():
-    """docs/field-notes.md §2: EFA installer 1.47.0, GDRCopy v2.5.1, NCCL v2.29.3-1 (>= 2.18.5 for p5;
-    NCCL >= 2.19 needs EFA installer >= 1.29.1), CUDA >= 12 for p5, Ubuntu 22.04 bases."""
+def test_current_pins_for_the_efa_stack():
+    """EFA installer 1.51.0 (2026-10-22, the newest in the EC2 user guide's EFA release notes read
+    2026-12-06: aws-ofi-nccl 1.22.0, libfabric 2.7.0amzn2.0); GDRCopy v2.6 (NVIDIA/gdrcopy tag of
+    2026-06-12, the newest); NCCL v2.29.3-1, torch's (>= 2.18.5 for p5; NCCL >= 2.19 needs EFA installer
+    >= 1.29.1, docs/field-notes.md §2), CUDA >= 12 for p5, Ubuntu 22.04 bases."""
     args = build.dockerfile_args(DOCKERFILE.read_text())
-    assert args["EFA_INSTALLER_VERSION"] == "1.47.0"
-    assert args["GDRCOPY_VERSION"] == "v2.5.1"
+    assert args["EFA_INSTALLER_VERSION"] == "1.51.0"
+    assert args["GDRCOPY_VERSION"] == "v2.6"
     assert args["NCCL_VERSION"] == "v2.29.3-1"
     assert args["UBUNTU_VERSION"] == "22.04"
     assert int(args["CUDA_VERSION"].split(".")[0]) >= 12
@@ -178,7 +182,7 @@ def test_field_note_pins_for_the_efa_stack():
     assert vt(args["EFA_INSTALLER_VERSION"]) >= (1, 29, 1)
     # Every stage that installs EFA uses the one pinned version (no stray literal versions).
     text = DOCKERFILE.read_text()
-    assert set(re.findall(r"ARG EFA_INSTALLER_VERSION=(\S+)", text)) == {"1.47.0"}
+    assert set(re.findall(r"ARG EFA_INSTALLER_VERSION=(\S+)", text)) == {"1.51.0"}
     assert text.count("efa_installer.sh -y -g") == 2, "build and runtime stages both run the installer"
 
 
@@ -213,7 +217,8 @@ def test_the_launcher_is_slim():
     assert not base.startswith("nvcr.io/nvidia/cuda"), base
     froms = {m.group(1) for instr, args in instructions if instr == "COPY"
              for m in [re.search(r"--from=(\S+)", args)] if m}
-    assert froms == {"launcher-build"}, froms
+    assert froms == {"launcher-build", "python"}, froms
+    assert not all_stages["python"][0].startswith("nvcr.io/nvidia/cuda"), all_stages["python"][0]
     build_base, build_instructions = all_stages["launcher-build"]
     assert not build_base.startswith("nvcr.io/nvidia/cuda"), build_base
     runs = " ".join(args for instr, args in instructions + build_instructions if instr == "RUN")
@@ -249,8 +254,8 @@ def test_per_build_args_come_just_before_the_label():
 
 def test_the_per_build_arg_rule_catches_an_early_declaration():
     text = DOCKERFILE.read_text().replace(
-        "ARG EFA_INSTALLER_VERSION=1.47.0\nARG PYTHON_VERSION=3.11\nSHELL",
-        "ARG EFA_INSTALLER_VERSION=1.47.0\nARG PYTHON_VERSION=3.11\nARG VCS_REF=unknown\nSHELL")
+        "ARG EFA_INSTALLER_VERSION=1.51.0\nARG PYTHON_VERSION=3.11\nSHELL",
+        "ARG EFA_INSTALLER_VERSION=1.51.0\nARG PYTHON_VERSION=3.11\nARG VCS_REF=unknown\nSHELL")
     assert text != DOCKERFILE.read_text(), "test premise: the train stage's ARGs are where expected"
     assert any(p.startswith("train: ") and "RUN" in p for p in per_build_arg_violations(text))
 
@@ -380,7 +385,10 @@ def test_image_requirements_are_what_the_trainer_and_horovod_need_and_nothing_el
     horovod = dependency_closure(("horovod",)) - {"horovod"}  # its wheel goes in with --no-deps
     assert {"cloudpickle", "psutil", "pyyaml", "packaging", "cffi"} <= horovod, "test premise"
     assert set(_requirements(HOROVOD_REQUIREMENTS)) == horovod
-    trainer = dependency_closure(TRAINER_DIRECT, stop=torch_deps | horovod)
+    # torchvision itself comes from torch's index (--no-deps); what it needs comes from the requirements.
+    trainer = dependency_closure(TRAINER_DIRECT, stop=torch_deps | horovod | {"torchvision"})
+    trainer |= dependency_closure(("torchvision",), stop=torch_deps | horovod) - {"torchvision"}
+    assert "pillow" in trainer, "test premise: torchvision's own needs stay pinned"
     assert set(_requirements(TRAIN_REQUIREMENTS)) == trainer
     carried = set(_requirements(HOROVOD_REQUIREMENTS)) | set(_requirements(TRAIN_REQUIREMENTS))
     assert carried.isdisjoint(canonicalize_name(n) for n in CLUSTER_TOOLING), carried
@@ -403,7 +411,7 @@ def test_the_trainer_imports_only_what_the_image_carries():
     modules = set().union(*(_imports(p) for p in sources))
     first_party = {m for m in modules if m.split(".")[0] == "train"}
     providers = importlib.metadata.packages_distributions()
-    carried = ({"torch", "horovod", "tensorboard"} | set(_requirements(HOROVOD_REQUIREMENTS))
+    carried = ({"torch", "torchvision", "horovod", "tensorboard"} | set(_requirements(HOROVOD_REQUIREMENTS))
                | set(_requirements(TRAIN_REQUIREMENTS)))
     missing = {}
     for module in modules - first_party:
@@ -570,18 +578,38 @@ def test_what_each_target_copies_to_opt_ringtrain_is_a_working_entrypoint(tmp_pa
 # NCCL / EFA environment defaults
 
 
-def env_defaults() -> dict[str, str]:
+def env_sections() -> dict[str, dict[str, str]]:
     return entry_settings.parse_env_file(ENV_FILE.read_text(), str(ENV_FILE))
 
 
-def test_dockerfile_sets_exactly_the_documented_env_defaults():
+def env_defaults(network: str = "efa") -> dict[str, str]:
+    """What a worker of that network applies: [common] plus its section."""
+    return entry_settings.network_defaults(env_sections(), network)
+
+
+def test_dockerfile_sets_exactly_the_common_env_defaults():
+    """Both targets bake [common] only: the network sections are the node group's (the entrypoint applies
+    one on the worker), and the launcher's environment reaches every rank through horovodrun."""
+    common = env_sections()["common"]
     for stage in TARGET_STAGES:
         stage_env = dockerfile_env(DOCKERFILE.read_text(), stage)
-        defaults = env_defaults()
-        assert {k: stage_env.get(k) for k in defaults} == defaults, stage
+        assert {k: stage_env.get(k) for k in common} == common, stage
         paths = {"VIRTUAL_ENV", "PATH", "LD_LIBRARY_PATH", "PYTHONUNBUFFERED", "DEBIAN_FRONTEND"}
-        undocumented = set(stage_env) - set(defaults) - paths
-        assert undocumented == set(), f"{stage}: NCCL/EFA settings the env file does not document"
+        undocumented = set(stage_env) - set(common) - paths
+        assert undocumented == set(), f"{stage}: settings baked in that [common] does not document"
+
+
+def test_etc_environment_gets_the_common_section_only(tmp_path):
+    """The awk program the Dockerfile runs on the env file (copied out of its RUN line) prints exactly the
+    [common] settings: sessions sshd starts get no network section from the image."""
+    run = next(args for instr, args in dockerfile_instructions(DOCKERFILE.read_text())
+               if instr == "RUN" and ">> /etc/environment" in args)
+    program = re.search(r"awk '([^']+)'", run).group(1)
+    res = subprocess.run(["awk", program, str(ENV_FILE)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert dict(line.split("=", 1) for line in lines) == env_sections()["common"]
+    assert len(lines) == len(env_sections()["common"])
 
 
 def test_the_launcher_exports_the_workers_environment():
@@ -602,7 +630,7 @@ def test_every_default_is_documented_by_a_comment():
 
 
 # The rules of docs/field-notes.md §2 (awsome-distributed-training efa-cheatsheet.md) for the installed
-# versions: EFA installer 1.47.0 brings libfabric >= 1.18 and aws-ofi-nccl >= 1.7.
+# versions: EFA installer 1.51.0 brings libfabric >= 1.18 and aws-ofi-nccl >= 1.7.
 REQUIRED = {
     "FI_EFA_USE_HUGE_PAGE": "0",
     "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
@@ -629,7 +657,10 @@ def field_rule_violations(defaults: dict[str, str]) -> list[str]:
 
 
 def test_env_defaults_follow_the_field_rules():
-    assert field_rule_violations(env_defaults()) == []
+    """On EFA groups the cheatsheet's rules hold; no section sets what it forbids."""
+    assert field_rule_violations(env_defaults("efa")) == []
+    for network in entry_settings.NETWORKS:
+        assert [p for p in field_rule_violations(env_defaults(network)) if "must not be set" in p] == []
 
 
 def test_env_rule_check_catches_a_forbidden_or_wrong_setting():
@@ -648,3 +679,59 @@ def test_env_rules_match_the_field_notes_text():
     assert re.search(r"`RDMAV_FORK_SAFE`\s*\|\s*never set", section)
     assert re.search(r"`FI_EFA_USE_DEVICE_RDMA=1`\s*\|\s*only with aws-ofi-nccl < 1\.7", section)
     assert "EFA installer 1.47.0" in section and "NCCL v2.29.3-1" in section and "GDRCopy v2.5.1" in section
+
+
+# --------------------------------------------------------------------------------------------------
+# A maintained, pinned Python
+
+
+def test_no_stage_installs_ubuntus_python():
+    """Ubuntu 22.04's python3.11 is 3.11.0~rc1-1~22.04.1 (jammy-updates, universe): a release candidate."""
+    for stage, (_, instructions) in stages().items():
+        for instr, args in instructions:
+            if instr == "RUN" and "apt-get install" in args:
+                assert not re.search(r"\bpython(\$\{PYTHON_VERSION\}|3\.\d+)", args), f"{stage}: {args}"
+
+
+def test_python_is_one_pinned_standalone_build_copied_into_every_venv_stage():
+    """python-build-standalone release 20260814 builds CPython 3.11.16 (astral-sh/python-build-standalone
+    pythonbuild/downloads.py at that tag). Every stage that makes or runs the venv has that build at the
+    same path (a venv's interpreter is a link to it)."""
+    args = build.dockerfile_args(DOCKERFILE.read_text())
+    assert args["PYTHON_STANDALONE_RELEASE"] == "20260814"
+    assert args["PYTHON_FULL_VERSION"] == "3.11.16"
+    assert args["PYTHON_FULL_VERSION"].startswith(args["PYTHON_VERSION"] + ".")
+    all_stages = stages()
+    _, python_stage = all_stages["python"]
+    (fetch,) = [a for i, a in python_stage if i == "RUN" and "python-build-standalone" in a]
+    assert "install_only.tar.gz" in fetch and "SHA256SUMS" in fetch and "sha256sum -c" in fetch
+    assert 'releaselevel) == (sys.argv[1], "final")' in fetch, "the build checks the exact final release"
+    assert "s|/install|/opt/python|g" in fetch and 'get_config_var("INCLUDEPY")' in fetch
+    for stage in ("build", "launcher-build", "launcher", "train"):
+        copies = [a for i, a in all_stages[stage][1] if i == "COPY" and "--from=python" in a]
+        assert copies == ["--from=python /opt/python /opt/python"], stage
+    for stage in ("build", "launcher-build"):
+        runs = " ".join(a for i, a in all_stages[stage][1] if i == "RUN")
+        assert '/opt/python/bin/python"${PYTHON_VERSION}" -m venv /opt/venv' in runs, stage
+        env = dockerfile_env(DOCKERFILE.read_text(), stage)
+        assert (env.get("CC"), env.get("CXX")) == ("gcc", "g++"), "its sysconfig names clang"
+
+
+# --------------------------------------------------------------------------------------------------
+# torchvision from torch's CUDA variant
+
+
+def test_torchvision_comes_from_torchs_cuda_index_not_pypi():
+    """PyPI's torchvision is built for PyPI's default CUDA; beside torch cu126 its C++ ops do not load.
+    The image installs it from TORCH_INDEX_URL without dependencies (they are pinned in the requirement
+    files), at pyproject's and requirements.lock's version, and checks its ops load with torch's CUDA."""
+    args = build.dockerfile_args(DOCKERFILE.read_text())
+    assert args["TORCHVISION_VERSION"] == _lock()["torchvision"]
+    assert "torchvision" not in _requirements(TRAIN_REQUIREMENTS), "not from PyPI"
+    runs = [a for i, a in stages()["build"][1] if i == "RUN"]
+    (install,) = [r for r in runs if '"torchvision==${TORCHVISION_VERSION}"' in r]
+    from_index = r'--no-deps --index-url "\$\{TORCH_INDEX_URL\}"\s+"torchvision==\$\{TORCHVISION_VERSION\}"'
+    assert re.search(from_index, install), install
+    (check,) = [r for r in runs if "torch.ops.torchvision.nms" in r]
+    assert "torchvision.version.cuda == torch.version.cuda" in check
+    assert check.index("requirements-train.txt") < check.index("torch.ops.torchvision.nms"), "Pillow first"

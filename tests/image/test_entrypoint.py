@@ -267,16 +267,17 @@ def test_settings_parse_and_refuse():
 
 
 def test_env_file_parsing_and_defaults_never_override():
-    defaults = entry_settings.parse_env_file(ENV_FILE.read_text())
+    sections = entry_settings.parse_env_file(ENV_FILE.read_text())
+    defaults = entry_settings.network_defaults(sections, "efa")
     assert defaults["FI_EFA_USE_HUGE_PAGE"] == "0" and defaults["OMPI_MCA_pml"] == "^ucx"
     env = {"NCCL_SOCKET_IFNAME": "eth0"}
     applied = entry_settings.apply_env_defaults(env, defaults)
     assert env["NCCL_SOCKET_IFNAME"] == "eth0", "a value the pod sets wins"
     assert "NCCL_SOCKET_IFNAME" not in applied and env["FI_EFA_USE_HUGE_PAGE"] == "0"
-    with pytest.raises(entry_settings.UsageError, match="x.env:2: 'export A=1' is not KEY=VALUE"):
-        entry_settings.parse_env_file("# c\nexport A=1\n", "x.env")
+    with pytest.raises(entry_settings.UsageError, match="x.env:3: 'export A=1' is not KEY=VALUE"):
+        entry_settings.parse_env_file("# c\n[common]\nexport A=1\n", "x.env")
     with pytest.raises(entry_settings.UsageError, match="A is set twice"):
-        entry_settings.parse_env_file("A=1\nA=2\n")
+        entry_settings.parse_env_file("[common]\nA=1\nA=2\n")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -431,8 +432,8 @@ def test_sshd_mode_checks_mounted_keys_makes_host_keys_then_supervises_sshd(tmp_
 def test_launcher_really_execs_the_command_with_the_env_defaults(tmp_path):
     """No fake exec: the entrypoint process is replaced by the command, whose exit status comes back."""
     code = "import os, sys; print(os.environ['PMIX_MCA_gds'], os.environ['NCCL_SOCKET_IFNAME']); sys.exit(7)"
-    defaults = entry_settings.parse_env_file(ENV_FILE.read_text())
-    env = {k: v for k, v in os.environ.items() if k not in defaults}
+    sections = entry_settings.parse_env_file(ENV_FILE.read_text())
+    env = {k: v for k, v in os.environ.items() if not any(k in s for s in sections.values())}
     env["RINGTRAIN_ENV_FILE"] = str(ENV_FILE)
     res = subprocess.run([sys.executable, str(ENTRYPOINT), "launcher", "--", sys.executable, "-c", code],
                          env=env, capture_output=True, text=True, timeout=60)
