@@ -50,6 +50,10 @@ POD_INTERFACE = "eth0"
 LAUNCHER_ARGS = ("launcher", "--")
 WORKER_ARGS = ("sshd",)
 SELFTEST_ARGS = ("selftest",)
+# The pods' container names (the backend reads their logs and statuses by name).
+LAUNCHER_CONTAINER = "launcher"
+WORKER_CONTAINER = "worker"
+SELFTEST_CONTAINER = "selftest"
 # What the self-test must find (image/entrypoint.py): at least this many GPUs and EFA devices, and with
 # EFA devices expected, NCCL reporting the EFA provider (AWS's own health check greps the same line).
 EXPECT_GPUS_ENV = "RINGTRAIN_EXPECT_GPUS"
@@ -302,7 +306,7 @@ def worker_container(mpijob: Mapping[str, Any]) -> dict[str, Any]:
 def worker_selftest_container(mpijob: Mapping[str, Any]) -> dict[str, Any] | None:
     """The worker pods' self-test init container; None for CPU workers (the local executor's hosts)."""
     init = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"].get("initContainers", [])
-    return next((c for c in init if c["name"] == "selftest"), None)
+    return next((c for c in init if c["name"] == SELFTEST_CONTAINER), None)
 
 
 def render_mpijob(
@@ -348,7 +352,7 @@ def render_mpijob(
             "serviceAccountName": service_account,
             "nodeSelector": dict(launcher.node_selector),
             "containers": [{
-                "name": "launcher",
+                "name": LAUNCHER_CONTAINER,
                 "image": launcher_image,
                 "args": [*LAUNCHER_ARGS, *launcher_command(job, network_interface)],
                 **({"env": env} if env else {}),
@@ -378,7 +382,7 @@ def render_mpijob(
         expect = [{"name": EXPECT_GPUS_ENV, "value": str(requests[GPU_RESOURCE])},
                   {"name": EXPECT_EFA_ENV, "value": str(requests.get(EFA_RESOURCE, 0))}]
         init_containers.append({
-            "name": "selftest",
+            "name": SELFTEST_CONTAINER,
             "image": image,
             "args": list(SELFTEST_ARGS),
             "env": worker_env + expect,
@@ -409,7 +413,7 @@ def render_mpijob(
             "terminationGracePeriodSeconds": WORKER_TERMINATION_GRACE_S,
             **({"initContainers": init_containers} if init_containers else {}),
             "containers": [{
-                "name": "worker",
+                "name": WORKER_CONTAINER,
                 "image": image,
                 # Host keys, then sshd as the entrypoint's child: horovodrun reaches the workers over ssh,
                 # and the entrypoint stays PID 1 to forward the pod's SIGTERM to the trainers.
