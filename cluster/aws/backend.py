@@ -58,6 +58,7 @@ from .kubectl import (
     job_pods,
     launcher_exit_code,
     mpijob_state,
+    owned_by,
     pending_reason,
     pod_name,
     pod_phase,
@@ -234,11 +235,12 @@ class AwsBackend(Backend):
                 problem = ""
             except LogStreamError as e:
                 problem = str(e)
+            if problem:   # kubectl's own error: said here, never taken for the job's output
+                self._log(f"the log stream of {name} ended: {problem}")
             current = self._launcher(handle)
             if current is None or pod_phase(current) != "Running" or reconnect == LOG_RECONNECTS:
                 return
-            self._log(f"the log stream of {name} ended while it runs ({problem or 'closed'}): "
-                      "following it again")
+            self._log(f"{name} still runs: following its log again")
             since = cut_at   # lines after the last one seen; kubectl's resolution is one second
             time.sleep(min(POLL_S, 1.0))
 
@@ -349,7 +351,11 @@ class AwsBackend(Backend):
     def _pods(self, handle: JobHandle) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         namespace = handle.details["namespace"]
         pods = self._k().get_json("pods", "-n", namespace, "-l", f"{JOB_LABEL}={handle.name}")
-        launcher_job = self._k().get_optional("job", launcher_pod_name(handle.name), namespace)
+        launcher_job = handle.details.get("launcher_job")
+        if launcher_job is None:   # created by the operator, maybe later; the same object for the job's life
+            launcher_job = self._k().get_optional("job", launcher_pod_name(handle.name), namespace)
+            if launcher_job is not None and owned_by(launcher_job, handle.details["uid"]):
+                handle.details["launcher_job"] = launcher_job
         return job_pods(pods, handle.details["uid"], launcher_job)
 
     def _launcher(self, handle: JobHandle) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ The parts that need a live EKS cluster (kubectl apply, logs, MPIJob status) skip
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -23,11 +24,10 @@ from tests.summaries import run_summary
 
 
 @pytest.fixture(scope="module")
-def dev_exports():
-    """What `pulumi stack output` would give for the dev stack: the program's exports under mocks."""
-    from tests.infra.harness import run_program
-
-    return run_program("dev").exports
+def dev_exports(dev_outputs_file):
+    """What `pulumi stack output` would give for the dev stack: the program's exports under mocks (run
+    once per session: tests/conftest.py)."""
+    return json.loads(dev_outputs_file.read_text())
 
 
 class RecordingStack:
