@@ -297,28 +297,13 @@ def test_the_aws_and_local_backends_share_one_exit_code_mapping():
     assert aws.job_exit_code is exit_codes.job_exit_code is local.job_exit_code
 
 
-class ReadyCluster:
-    """kubectl against a cluster whose GPU nodes are Ready: applies are recorded, nothing runs."""
-
-    def __init__(self, kubeconfig):
-        self.applied = []
-
-    def get_json(self, *args):
-        ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-        return {"items": [ready] * 4} if args[0] == "nodes" else {"items": []}
-
-    def run(self, *args, stdin=None):
-        return ""
-
-    def apply(self, manifest):
-        self.applied.append(manifest)
-        return ""
-
-
-def test_a_submitted_job_names_its_node_group_for_the_run_cost(dev_exports, tmp_path, moto_aws):
+def test_a_submitted_job_names_its_node_group_for_the_run_cost(dev_exports, tmp_path, moto_aws, monkeypatch):
     """The handle carries the node group, its types and capacity type: the flow's attempt records
     them and cluster/run_cost.py prices its node-hours from them."""
-    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot", kubectl_factory=ReadyCluster)
+    from tests.cluster.kubectl_standin import FakeCluster
+
+    FakeCluster(tmp_path / "cluster").install(monkeypatch).add_nodes("a10g-spot", 2, {"nvidia.com/gpu": 4})
+    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot")
     handle = backend.submit(JobSpec(name="priced", num_hosts=2, slots_per_host=4))
     group = backend.outputs().node_group("a10g-spot")
     assert handle.details["node_group"] == "a10g-spot"

@@ -112,21 +112,21 @@ def test_pods_still_pending_at_the_startup_deadline_fail_naming_them(fake, dev_e
 def test_a_resubmit_waits_for_the_previous_pods_and_reads_only_its_own(fake, dev_exports, tmp_path):  # noqa: F811
     """The first attempt's pods stay Terminating for a while after the delete: the resubmission must not
     read the old launcher, nor take kubectl's NotFound for the job's log."""
-    fake.plan(JobScript(log=RECLAIMED_LOG, exit_code=1, terminating_s=0.6),
-              JobScript(log=DONE_LOG, exit_code=0, start_s=0.3))
+    fake.plan(JobScript(log=RECLAIMED_LOG, exit_code=1, terminating_s=2.0),
+              JobScript(log=DONE_LOG, exit_code=0, start_s=1.5))
     backend, _, _ = backend_for(dev_exports, tmp_path)
     result, lines = flow(backend, JOB)
     assert [a.exit_code for a in result.attempts] == [EXIT_INTERRUPTED_RESUMABLE, 0], lines
     assert result.succeeded and result.summary.steps == 20
     first, second = fake.mpijobs()
-    assert second["t0"] >= first["deleted_at"] + 0.6   # applied once the old pods were gone
+    assert second["t0"] >= first["deleted_at"] + 2.0   # applied once the old pods were gone
     assert not any("NotFound" in line or "waiting to start" in line for line in lines)
 
 
 def test_a_log_stream_cut_mid_run_does_not_decide_the_exit_code(fake, dev_exports, tmp_path):  # noqa: F811
     """kubectl's `logs -f` ends mid-run ("error: unexpected EOF"): the lines after the cut (the summary
     and horovodrun's exit lines) still decide that the reclaim is resumable."""
-    fake.plan(JobScript(log=RECLAIMED_LOG, exit_code=1, cut_after_lines=1, line_s=0.6),
+    fake.plan(JobScript(log=RECLAIMED_LOG, exit_code=1, cut_after_lines=1, line_s=1.2),
               JobScript(log=DONE_LOG, exit_code=0))
     backend, _, messages = backend_for(dev_exports, tmp_path)
     result, lines = flow(backend, JOB)

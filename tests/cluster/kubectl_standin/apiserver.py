@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,11 +117,17 @@ class Job:
         self.t = now if self.deleted_at is None else min(now, self.deleted_at)
 
     # -- objects -------------------------------------------------------------------------------
+    def _owner_gone(self) -> bool:
+        """Background cascade: the MPIJob and (by the garbage collector, which deletes dependents in
+        the background too) its launcher Job go at once; foreground: once the pods are gone."""
+        if self.deleted_at is None:
+            return False
+        gone = self.deleted_at if self.r.get("cascade") != "foreground" else self.pods_gone_at
+        return self.now >= gone
+
     def mpijob(self) -> dict[str, Any] | None:
-        if self.deleted_at is not None:
-            gone = self.deleted_at if self.r.get("cascade") != "foreground" else self.pods_gone_at
-            if self.now >= gone:
-                return None
+        if self._owner_gone():
+            return None
         obj = json.loads(json.dumps(self.r["manifest"]))
         obj["metadata"].update(uid=self.r["uid"], creationTimestamp=_rfc3339(self.r["t0"]))
         if self.deleted_at is not None:
@@ -147,7 +153,7 @@ class Job:
         return self.pods_gone_at is None or self.now < self.pods_gone_at
 
     def launcher_job(self) -> dict[str, Any] | None:
-        if self.job_created is None or self.t < self.job_created or not self._present():
+        if self.job_created is None or self.t < self.job_created or self._owner_gone():
             return None
         meta = {"name": mpi_operator.launcher_pod_name(self.name), "namespace": self.namespace,
                 "uid": self.r["job_uid"], "labels": {"app": self.name},
@@ -290,19 +296,18 @@ class World:
         return [p for j in self.jobs for p in j.pods()]
 
     def mpijob(self, name: str, namespace: str) -> tuple[Job, dict[str, Any]] | None:
-        for job in reversed(self.jobs):
-            if (job.name, job.namespace) == (name, namespace):
-                obj = job.mpijob()
-                if obj is not None:
-                    return job, obj
-        return None
+        return self._newest(lambda job: job.mpijob() if job.name == name else None, namespace)
 
     def launcher_job(self, name: str, namespace: str) -> tuple[Job, dict[str, Any]] | None:
+        return self._newest(lambda job: job.launcher_job()
+                            if mpi_operator.launcher_pod_name(job.name) == name else None, namespace)
+
+    def _newest(self, pick: Callable[[Job], dict[str, Any] | None], namespace: str
+                ) -> tuple[Job, dict[str, Any]] | None:
         for job in reversed(self.jobs):
-            if job.namespace == namespace and mpi_operator.launcher_pod_name(job.name) == name:
-                obj = job.launcher_job()
-                if obj is not None:
-                    return job, obj
+            obj = pick(job) if job.namespace == namespace else None
+            if obj is not None:
+                return job, obj
         return None
 
     def pod(self, name: str, namespace: str) -> tuple[Job, dict[str, Any]] | None:
