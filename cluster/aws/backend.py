@@ -105,9 +105,14 @@ def image_reference(outputs: StackOutputs, version: str) -> str:
 
 
 def storage_for(outputs: StackOutputs, job_name: str, dataset: str | None) -> Storage:
+    """The buckets, and the region for the clients that reach them. The pods get the region in their
+    environment: with the node's IMDS hop limit 1 a pod cannot ask the instance for it, and boto3 reads
+    AWS_DEFAULT_REGION (botocore configprovider), the other AWS SDKs and the CLI AWS_REGION."""
+    region = outputs.region
     return Storage(
         dataset_uri=dataset_uri(outputs.datasets_bucket, dataset or job_name),
         checkpoint_uri=checkpoint_uri(outputs.checkpoints_bucket, job_name),
+        env={"AWS_REGION": region, "AWS_DEFAULT_REGION": region},
     )
 
 
