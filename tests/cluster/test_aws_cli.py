@@ -98,7 +98,7 @@ def test_submit_argument_errors(dev_outputs_file):
     cases = [
         (["--job-name", "j", "--node-group", "l4-spot", "--steps", "5"], "unrecognized arguments"),
         (["--job-name", "j"], "several GPU node groups (a10g-spot, l4-spot): name one"),
-        (["--job-name", "Bad_Name", "--node-group", "l4-spot"], "use lower-case letters, digits and '-'"),
+        (["--job-name", "Bad_Name", "--node-group", "l4-spot"], "lower-case letters, digits and '-'"),
         (["--job-name", "j", "--node-group", "l4-spot", "--min-hosts", "1"],
          "--min-hosts: only with --elastic"),
         (["--job-name", "j", "--node-group", "l4-spot", "--slots-per-host", "8"],
