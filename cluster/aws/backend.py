@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cluster import mpi_operator
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.exit_codes import failure_message, job_exit_code
 from cluster.job import JobSpec
-from cluster.mpi_operator import launcher_pod_name
 from cluster.mpijob import (
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -277,15 +277,30 @@ class AwsBackend(Backend):
         self._k().close_streams()
         self._log(f"deleted MPIJob {namespace}/{handle.name}: its pods stop")
 
-    def job_status(self, job_name: str) -> dict[str, Any]:
-        """State of a submitted MPIJob (Pending, Running, Succeeded, Failed) and its launcher's exit code."""
+    def handle_for(self, job_name: str) -> JobHandle:
+        """A handle on an MPIJob submitted earlier (`ringtrain logs`, `status --job`), from the object."""
         outputs = self.outputs()
         outputs.require_compute()
         namespace = str(outputs.training_namespace)
-        mpijob = self._k().get_json("mpijob", job_name, "-n", namespace)
-        state, message = mpijob_state(mpijob)
-        handle = JobHandle(name=job_name, backend=self.name,
-                           details={"namespace": namespace, "uid": mpijob["metadata"]["uid"]})
+        mpijob = self._k().get_optional("mpijob", job_name, namespace)
+        if mpijob is None:
+            raise BackendError(f"no MPIJob {namespace}/{job_name}: submit it first (`ringtrain submit`)")
+        spec = mpijob["spec"]
+        workers = int(spec["mpiReplicaSpecs"]["Worker"]["replicas"])
+        # A static job's launcher starts once every worker is Ready; an elastic one needs one to begin.
+        needed = workers if spec.get("launcherCreationPolicy") != "AtStartup" else 1
+        hosts = [mpi_operator.pod_fqdn(mpi_operator.worker_pod_name(job_name, i), job_name, namespace)
+                 for i in range(workers)]
+        return JobHandle(name=job_name, backend=self.name,
+                         details={"namespace": namespace, "uid": mpijob["metadata"]["uid"], "log": [],
+                                  "hosts": hosts, "needed": needed,
+                                  "startup_deadline": time.monotonic() + self.startup_timeout_s})
+
+    def job_status(self, job_name: str) -> dict[str, Any]:
+        """State of a submitted MPIJob (Pending, Running, Succeeded, Failed) and its launcher's exit code."""
+        handle = self.handle_for(job_name)
+        namespace = handle.details["namespace"]
+        state, message = mpijob_state(self._k().get_json("mpijob", job_name, "-n", namespace))
         launcher = self._launcher(handle)
         return {"job": job_name, "namespace": namespace, "state": state, "message": message,
                 "exitCode": launcher_exit_code({"items": [launcher] if launcher else []})}
@@ -358,7 +373,8 @@ class AwsBackend(Backend):
         pods = self._k().get_json("pods", "-n", namespace, "-l", f"{JOB_LABEL}={handle.name}")
         launcher_job = handle.details.get("launcher_job")
         if launcher_job is None:   # created by the operator, maybe later; the same object for the job's life
-            launcher_job = self._k().get_optional("job", launcher_pod_name(handle.name), namespace)
+            name = mpi_operator.launcher_pod_name(handle.name)
+            launcher_job = self._k().get_optional("job", name, namespace)
             if launcher_job is not None and owned_by(launcher_job, handle.details["uid"]):
                 handle.details["launcher_job"] = launcher_job
         return job_pods(pods, handle.details["uid"], launcher_job)

@@ -262,17 +262,13 @@ def cmd_submit(a: argparse.Namespace) -> int:
 def cmd_logs(a: argparse.Namespace) -> int:
     from cluster.aws.backend import AwsBackend
     from cluster.aws.stack import AutomationStack
-    from cluster.backend import JobHandle
 
     try:
         JobSpec(name=a.job, num_hosts=1)
     except ValueError as e:
         raise UsageError(f"--job {a.job!r}: {e}") from None
     backend = AwsBackend(a.stack, ops_factory=lambda s: AutomationStack(s, create=False))
-    outputs = backend.outputs()
-    outputs.require_compute()
-    namespace = str(outputs.training_namespace)
-    handle = JobHandle(name=a.job, backend=backend.name, details={"namespace": namespace})
-    for line in backend.logs(handle):   # waits for the launcher pod, then follows its log to the end
+    handle = backend.handle_for(a.job)
+    for line in backend.logs(handle):   # waits for the job to start, then follows its launcher to the end
         print(line, flush=True)
     return 0

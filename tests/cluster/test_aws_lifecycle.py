@@ -147,3 +147,16 @@ def test_an_interrupt_or_timeout_deletes_the_job_unless_keep_up(fake, dev_export
         flow(backend, JOB, job_timeout_s=0.5, keep_up=True)
     assert fake.mpijobs()[-1]["deleted_at"] is None      # --keep-up: the job stays
     assert ops.calls == [("up", {"ringtrain:compute": "true"})]
+
+
+def test_logs_and_status_of_a_job_submitted_earlier(fake, dev_exports, tmp_path):  # noqa: F811
+    """`ringtrain logs --job` and `status --job` find the job by its MPIJob (uid and workers)."""
+    fake.plan(JobScript(log=DONE_LOG, exit_code=0))
+    backend, _, _ = backend_for(dev_exports, tmp_path)
+    backend.submit(JOB)
+    later, _, _ = backend_for(dev_exports, tmp_path)
+    assert list(later.logs(later.handle_for("life"))) == DONE_LOG
+    status = later.job_status("life")
+    assert (status["state"], status["exitCode"]) == ("Succeeded", 0)
+    with pytest.raises(BackendError, match="no MPIJob training/other: submit it first"):
+        later.handle_for("other")
