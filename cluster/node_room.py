@@ -62,7 +62,7 @@ DAEMONSETS: tuple[DaemonSetPod, ...] = (
     DaemonSetPod("amazon-cloudwatch-observability", "node-exporter", 50, 30, 100,
                  "the same chart, nodeExporter.resources"),
     DaemonSetPod("nvidia-device-plugin", "nvidia-device-plugin", 0, 0, 0,
-                 "NVIDIA/k8s-device-plugin chart 0.17.1 values.yaml: resources {}"),
+                 "NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin values.yaml: resources {}"),
     DaemonSetPod("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", 10, 20, 20,
                  "aws/eks-charts stable/aws-efa-k8s-device-plugin values.yaml: requests cpu 10m, memory 20Mi "
                  "(EFA nodes; counted on every GPU node)"),

@@ -350,10 +350,13 @@ class AwsBackend(Backend):
     def _delete_job(self, name: str, namespace: str, deadline: float) -> None:
         """Delete the previous MPIJob of this name and wait until every pod of it is gone.
 
-        Foreground cascade: the API server keeps the MPIJob until the garbage collector has deleted
-        its dependents (the worker pods, the launcher Job and its pod), and `--wait` returns when the
-        MPIJob is gone (kubectl delete --help; Kubernetes docs, "Foreground cascading deletion"). The
-        pods are then checked by label, for a pod that lost its owner reference or the wait timed out."""
+        Foreground cascade: the API server keeps the MPIJob (deletionTimestamp, finalizer
+        foregroundDeletion) until the garbage collector has deleted every dependent whose owner reference
+        has blockOwnerDeletion, as the operator's controller references do (the worker pods, the launcher
+        Job and its pod), and `--wait` returns once the MPIJob is gone (kubernetes.io/docs "Garbage
+        Collection" and "Use Cascading Deletion in a Cluster"; kubectl delete --help). kubectl's default,
+        background, removes the MPIJob at once and leaves its pods Terminating while the next one
+        starts. The pods are then checked by label, for one that lost its owner or a timed-out wait."""
         left = max(1.0, deadline - time.monotonic())
         self._k().run("delete", "mpijob", name, "-n", namespace, "--ignore-not-found",
                       "--cascade=foreground", "--wait=true", f"--timeout={int(left)}s",

@@ -197,7 +197,9 @@ def pod_problem(pod: Mapping[str, Any]) -> str | None:
     """Why `pod` will not start, or None while it may still: one line naming the pod and the reason (pure).
 
     - Unschedulable: the scheduler set PodScheduled=False with reason Unschedulable (its message says
-      which resource or rule no node satisfies);
+      which resource or rule no node satisfies; kubernetes.io/docs Pod Lifecycle, "Pod conditions").
+      The backend waits for nodes that advertise the GPUs and EFA interfaces first (ready_nodes), so
+      this is not the device plugins' start-up;
     - a failed init container (the self-test): a terminated state, current or last, with a non-zero exit;
     - an image that cannot be pulled, a container that cannot be created or keeps crashing;
     - a pod that Failed (e.g. evicted) before the job ran."""

@@ -61,6 +61,7 @@ def test_a_normal_run(fake, dev_exports, tmp_path):  # noqa: F811
     assert "--cascade=foreground" in deletes[0] and "--wait=true" in deletes[0]
 
 
+@pytest.mark.slow   # two jobs' worth of kubectl processes
 def test_a_spot_reclaim_is_resubmitted_and_resumes(fake, dev_exports, tmp_path):  # noqa: F811
     fake.plan(JobScript(log=RECLAIMED_LOG, exit_code=1), JobScript(log=DONE_LOG, exit_code=0))
     backend, _, _ = backend_for(dev_exports, tmp_path)
@@ -109,6 +110,7 @@ def test_pods_still_pending_at_the_startup_deadline_fail_naming_them(fake, dev_e
         flow(backend, JOB)
 
 
+@pytest.mark.slow   # two jobs' worth of kubectl processes
 def test_a_resubmit_waits_for_the_previous_pods_and_reads_only_its_own(fake, dev_exports, tmp_path):  # noqa: F811
     """The first attempt's pods stay Terminating for a while after the delete: the resubmission must not
     read the old launcher, nor take kubectl's NotFound for the job's log."""
@@ -123,6 +125,7 @@ def test_a_resubmit_waits_for_the_previous_pods_and_reads_only_its_own(fake, dev
     assert not any("NotFound" in line or "waiting to start" in line for line in lines)
 
 
+@pytest.mark.slow   # two jobs' worth of kubectl processes
 def test_a_log_stream_cut_mid_run_does_not_decide_the_exit_code(fake, dev_exports, tmp_path):  # noqa: F811
     """kubectl's `logs -f` ends mid-run ("error: unexpected EOF"): the lines after the cut (the summary
     and horovodrun's exit lines) still decide that the reclaim is resumable."""
@@ -136,6 +139,7 @@ def test_a_log_stream_cut_mid_run_does_not_decide_the_exit_code(fake, dev_export
     assert any(m.endswith("still runs: following its log again") for m in messages), messages
 
 
+@pytest.mark.slow   # two jobs' worth of kubectl processes
 def test_an_interrupt_or_timeout_deletes_the_job_unless_keep_up(fake, dev_exports, tmp_path):  # noqa: F811
     fake.plan(JobScript(log=DONE_LOG * 200, line_s=0.05), JobScript(log=DONE_LOG * 200, line_s=0.05))
     backend, ops, _ = backend_for(dev_exports, tmp_path)
@@ -149,6 +153,7 @@ def test_an_interrupt_or_timeout_deletes_the_job_unless_keep_up(fake, dev_export
     assert ops.calls == [("up", {"ringtrain:compute": "true"})]
 
 
+@pytest.mark.slow   # two backends' worth of kubectl processes
 def test_logs_and_status_of_a_job_submitted_earlier(fake, dev_exports, tmp_path):  # noqa: F811
     """`ringtrain logs --job` and `status --job` find the job by its MPIJob (uid and workers)."""
     fake.plan(JobScript(log=DONE_LOG, exit_code=0))
