@@ -26,6 +26,7 @@ class Kubectl:
         self.kubeconfig = Path(kubeconfig)
         self.request_timeout_s = request_timeout_s
         self._streams: set[subprocess.Popen] = set()   # live `logs -f` processes (close_streams)
+        self._closed: set[subprocess.Popen] = set()    # ... those close_streams ended: no error then
 
     def _base(self) -> list[str]:
         return [self.binary, "--kubeconfig", str(self.kubeconfig)]
@@ -85,7 +86,7 @@ class Kubectl:
                         proc.kill()
                         proc.wait(timeout=10)
                 self._streams.discard(proc)
-            if rc != 0:
+            if rc != 0 and proc not in self._closed:
                 errors.seek(0)
                 raise LogStreamError(f"kubectl logs -f {pod} exited {rc}: "
                                      f"{errors.read().strip() or '(no message)'}")
@@ -95,6 +96,7 @@ class Kubectl:
         """End every `logs -f` still open (from another thread: its reader sees the end of the stream)."""
         for proc in list(self._streams):
             if proc.poll() is None:
+                self._closed.add(proc)
                 proc.terminate()
 
 

@@ -142,10 +142,11 @@ def test_a_log_stream_cut_mid_run_does_not_decide_the_exit_code(fake, dev_export
 @pytest.mark.slow   # two jobs' worth of kubectl processes
 def test_an_interrupt_or_timeout_deletes_the_job_unless_keep_up(fake, dev_exports, tmp_path):  # noqa: F811
     fake.plan(JobScript(log=DONE_LOG * 200, line_s=0.05), JobScript(log=DONE_LOG * 200, line_s=0.05))
-    backend, ops, _ = backend_for(dev_exports, tmp_path)
+    backend, ops, messages = backend_for(dev_exports, tmp_path)
     with pytest.raises(BackendError, match=r"job life did not finish within 0.5s \(--job-timeout\)"):
         flow(backend, JOB, job_timeout_s=0.5)
     assert fake.mpijobs()[-1]["deleted_at"] is not None
+    assert not any("log stream" in m for m in messages), messages   # closed by us: no error
     backend, ops, _ = backend_for(dev_exports, tmp_path)
     with pytest.raises(BackendError, match="did not finish within"):
         flow(backend, JOB, job_timeout_s=0.5, keep_up=True)
