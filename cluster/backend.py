@@ -7,13 +7,14 @@
     result = backend.wait(handle) final status, exit code and collected results
     backend.down()                tear the compute down (always safe to call twice)
 
-Two optional capabilities, typed as Protocols so the flow asks for them by name (isinstance) rather
+Optional capabilities, typed as Protocols so the flow asks for them by name (isinstance) rather
 than probing attributes:
 
+    Cancel          backend.cancel(handle)     end a submitted job (a timeout, an interrupt, an error)
     Progress        backend.progress(handle)   the trainer's latest metrics record while a job runs
     FaultInjection  backend.live_host_names() / reclaim(host) / restore(host)   spot-style faults
 
-The local backend has both; the AWS backend neither (EC2 reclaims spot nodes by itself there).
+The local backend has all three; the AWS backend Cancel only (EC2 reclaims spot nodes by itself there).
 
 `run_job` is the flow `scripts/run` drives, with the teardown guaranteed.
 """
@@ -91,6 +92,13 @@ class Backend(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.down()
+
+
+@runtime_checkable
+class Cancel(Protocol):
+    """A backend that can end a job it submitted before it finishes."""
+
+    def cancel(self, handle: JobHandle) -> None: ...
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ from cluster.aws.plan import PlanError
 from cluster.backend import Backend, BackendError
 from cluster.flow import FlowInterrupted, FlowOptions, FlowResult, format_summary, run_job
 from cluster.job import JobSpec
+from cluster.mpi_operator import check_job_name
 from cluster.run_data import DatasetSpec, RunData, plan_run_data
 from cluster.usage import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from train.contract import EXIT_BAD_INPUT
@@ -118,7 +119,14 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="local hosts as network namespaces (needs root) or localhost processes; "
                             "auto: namespaces when possible (default)")
     where.add_argument("--keep-up", action="store_true",
-                       help="leave the cluster up after the run (local: until you press Ctrl-C)")
+                       help="leave the cluster up after the run (local: until you press Ctrl-C); on AWS "
+                            "a job that timed out or was interrupted is left running too")
+    where.add_argument("--job-timeout", type=float, default=None, metavar="SECONDS",
+                       help="stop the job (and fail the run) when it runs longer than this, counted from its "
+                            "first output (default: no limit)")
+    where.add_argument("--startup-timeout", type=float, default=None, metavar="SECONDS",
+                       help="AWS: fail when the job has not started this long after submit: nodes Ready, "
+                            "pods scheduled, images pulled, self-test passed (default 1800)")
 
     train = r.add_argument_group("training")
     train.add_argument("--job-name", default=None,
@@ -209,6 +217,8 @@ def check_args(a: argparse.Namespace) -> None:
         problems.append("--reclaim-grace, --reclaim-notice and --restore-after: must be >= 0 seconds")
     if a.reclaim_host is not None and a.reclaim_host not in [f"host-{i}" for i in range(a.hosts)]:
         problems.append(f"--reclaim-host {a.reclaim_host!r}: must be one of host-0 .. host-{a.hosts - 1}")
+    if any(v is not None and not v > 0 for v in (a.job_timeout, a.startup_timeout)):
+        problems.append("--job-timeout and --startup-timeout: must be > 0 seconds")
     if a.backend == "aws":
         if not a.stack:
             problems.append("--backend aws needs --stack NAME (the Pulumi stack, e.g. dev)")
@@ -219,8 +229,11 @@ def check_args(a: argparse.Namespace) -> None:
             problems.append("--isolation: local backend only")
     elif a.stack:
         problems.append("--stack: only with --backend aws")
+    elif a.startup_timeout is not None:
+        problems.append("--startup-timeout: only with --backend aws")
     try:
         JobSpec(name=job_name_of(a), num_hosts=a.hosts)
+        check_job_name(job_name_of(a), a.hosts)   # the MPI Operator's rule for its pod names
     except ValueError as e:
         problems.append(f"--job-name: {e}")
     if a.trainer_args and a.trainer_args[0] != "--":
@@ -304,7 +317,7 @@ def options_from_args(a: argparse.Namespace) -> FlowOptions:
         dataset=run_data_from_args(a).dataset,
         max_resubmits=a.max_resubmits, reclaim_at_step=reclaim_at, reclaim_host=a.reclaim_host,
         restore_after_s=restore_after, keep_up=a.keep_up, progress_bar=not a.no_progress,
-        echo_logs=a.verbose,
+        echo_logs=a.verbose, job_timeout_s=a.job_timeout,
     )
 
 
@@ -313,9 +326,10 @@ def make_backend(a: argparse.Namespace) -> Backend:
         if importlib.util.find_spec("cluster.aws.backend") is None:
             raise BackendError("the AWS backend (cluster/aws/backend.py) is not in this checkout; "
                                "use --backend local")
-        from cluster.aws.backend import AwsBackend  # imported lazily: needs pulumi and boto3 only then
+        # imported lazily: needs pulumi and boto3 only then
+        from cluster.aws.backend import STARTUP_TIMEOUT_S, AwsBackend
 
-        return AwsBackend(stack=a.stack)
+        return AwsBackend(stack=a.stack, startup_timeout_s=a.startup_timeout or STARTUP_TIMEOUT_S)
     from tqdm import tqdm
 
     from cluster.local.backend import LocalBackend

@@ -30,7 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.backend import Backend, BackendError, FaultInjection, JobHandle, JobResult, Progress, Storage
+from cluster.backend import (
+    Backend,
+    BackendError,
+    Cancel,
+    FaultInjection,
+    JobHandle,
+    JobResult,
+    Progress,
+    Storage,
+)
 from cluster.job import JobSpec
 from cluster.run_data import Dataset, DatasetSpec, given
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
@@ -50,7 +59,7 @@ class FlowOptions:
     keep_up: bool = False
     progress_bar: bool = True
     echo_logs: bool = False                # every line of the job's output, not only the trainer's messages
-    job_timeout_s: float = 1800.0
+    job_timeout_s: float | None = None    # the run itself, from its first output; None: no limit
     poll_s: float = 0.25
 
 
@@ -365,7 +374,9 @@ class _ProgressBar:
 
 class _Follower:
     """Follows one attempt: echoes its log lines (a thread), polls its progress for the bar and the
-    planned reclaim, until the log ends or the job's time is up."""
+    planned reclaim, until the log ends or the job's time is up. The job's time (`job_timeout_s`)
+    counts from its first line of output: waiting for nodes and pods is the backend's startup deadline.
+    An error in the log thread (the job cannot start, kubectl failed) is raised here at once."""
 
     def __init__(self, backend: Backend, handle: JobHandle, job: JobSpec, opts: FlowOptions,
                  out: Callable[[str], None], reclaimer: _Reclaimer | None):
@@ -374,32 +385,48 @@ class _Follower:
         self.progress = backend if isinstance(backend, Progress) else None
         self.bar = _ProgressBar(job.name, _steps_of(job), opts.progress_bar and self.progress is not None)
         self._done = threading.Event()
+        self._error: BaseException | None = None
+        self.started_at: float | None = None   # monotonic time of the first line
         self.tail: collections.deque[str] = collections.deque(maxlen=25)
         self._log_thread = threading.Thread(target=self._echo, daemon=True)
 
     def _echo(self) -> None:
         try:
             for line in self.backend.logs(self.handle):
+                if self.started_at is None:
+                    self.started_at = time.monotonic()
                 self.tail.append(line)
                 if self.opts.echo_logs or is_trainer_message(line):
                     self.bar.write(f"  | {line}", self.out)
+        except BaseException as e:   # handed to run(), in the flow's thread
+            self._error = e
         finally:
             self._done.set()
 
+    def time_left(self) -> float | None:
+        """Seconds of the job's time left (None: no limit); the full time until its first line."""
+        if self.opts.job_timeout_s is None:
+            return None
+        if self.started_at is None:
+            return self.opts.job_timeout_s
+        return max(0.0, self.started_at + self.opts.job_timeout_s - time.monotonic())
+
     def run(self) -> None:
         self._log_thread.start()
-        deadline = time.monotonic() + self.opts.job_timeout_s
         try:
             while not self._done.wait(self.opts.poll_s):
-                if time.monotonic() > deadline:
-                    raise BackendError(
-                        f"job {self.job.name} did not finish within {self.opts.job_timeout_s:g}s")
+                left = self.time_left()
+                if left is not None and left <= 0:
+                    raise BackendError(f"job {self.job.name} did not finish within "
+                                       f"{self.opts.job_timeout_s:g}s (--job-timeout)")
                 record = self.progress.progress(self.handle) if self.progress is not None else None
                 if record is None:
                     continue
                 self.bar.show(record)
                 if self.reclaimer is not None:
                     self.reclaimer.at(int(record.get("step", 0)))
+            if self._error is not None:
+                raise self._error
         finally:
             self.bar.close()
 
@@ -438,6 +465,18 @@ def _show_failure(attempt_no: int, result: JobResult, follower: _Follower,
         out(f"  | {line}")
 
 
+def _cancel(backend: Backend, handle: JobHandle, out: Callable[[str], None]) -> None:
+    """End the attempt's job on the cluster before teardown: on AWS compute-off takes many minutes,
+    during which the job would keep its GPU nodes busy."""
+    if not isinstance(backend, Cancel):
+        return
+    with _ignore_interrupts():
+        try:
+            backend.cancel(handle)
+        except Exception as e:
+            out(f"could not cancel job {handle.name}: {e}")
+
+
 def _teardown(backend: Backend, completed: bool, out: Callable[[str], None]) -> None:
     with _ignore_interrupts():
         try:
@@ -471,8 +510,13 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 hosts = list(handle.details.get("hosts", []))
                 out(f"attempt {attempt_no}: submitted {job.name} on {', '.join(hosts) or backend.name}")
                 follower = _Follower(backend, handle, job, opts, out, reclaimer)
-                follower.run()
-                last = backend.wait(handle, timeout_s=opts.job_timeout_s)
+                try:
+                    follower.run()
+                    last = backend.wait(handle, timeout_s=follower.time_left())
+                except BaseException:
+                    if not opts.keep_up:   # a timeout, an interrupt, an error: the job ends too
+                        _cancel(backend, handle, out)
+                    raise
                 if reclaimer is not None:
                     reclaimer.wait_for_reclaim()
                 attempts.append(_attempt_of(handle, last, hosts, started_at))

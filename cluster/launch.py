@@ -13,8 +13,10 @@ START_TIMEOUT_S = 120
 # On EKS an elastic launcher starts at once (launcherCreationPolicy AtStartup) and the operator lists a
 # worker only once its pod is Running, i.e. after the image pull: minutes on a fresh node.
 ELASTIC_TIMEOUT_S = 600
-# Elastic: a host that failed is blacklisted; it may come back after this many seconds (a reclaimed spot
-# worker is recreated under its old name, and a restored local host keeps its name).
+# Elastic: a host that failed is blacklisted; it may come back after this many seconds (a restored local
+# host keeps its name). The local executor's: its hosts leave discovery before their workers are stopped.
+# On EKS a draining pod stays in discovery through its grace period (cluster/mpijob.py
+# EKS_BLACKLIST_COOLDOWN_S).
 BLACKLIST_COOLDOWN_S = (2, 5)
 
 
@@ -26,6 +28,7 @@ def horovodrun_command(
     discovery_script: str | None = None,
     network_interface: str | None = None,
     python: str = "python",
+    blacklist_cooldown_s: tuple[int, int] = BLACKLIST_COOLDOWN_S,
 ) -> list[str]:
     """The launcher's command.
 
@@ -47,7 +50,7 @@ def horovodrun_command(
             "--host-discovery-script", discovery_script,
             "--slots-per-host", str(job.slots_per_host),
             "--elastic-timeout", str(ELASTIC_TIMEOUT_S),
-            "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN_S),
+            "--blacklist-cooldown-range", *map(str, blacklist_cooldown_s),
         ]
     elif hostfile and not hosts:
         cmd += ["-np", str(job.num_procs), "--hostfile", hostfile]

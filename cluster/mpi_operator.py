@@ -19,6 +19,7 @@ release's controller, kubeflow/mpi-operator v0.8.2 `pkg/controller/mpi_job_contr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,6 +32,28 @@ HOSTFILE_PATH = f"{CONFIG_MOUNT_PATH}/hostfile"
 DISCOVER_HOSTS_PATH = f"{CONFIG_MOUNT_PATH}/discover_hosts.sh"
 HOSTFILE_MODE = 0o444
 DISCOVER_HOSTS_MODE = 0o555
+
+
+# apimachinery validation.IsDNS1035Label: at most 63 characters, a lower-case letter first, then lower-case
+# letters, digits and '-', ending in a letter or digit.
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1035_MAX = 63
+
+
+def check_job_name(job_name: str, workers: int) -> None:
+    """ValueError unless the operator accepts an MPIJob of this name with this many workers.
+
+    validation.go `validateMPIJobName`: `<name>-worker-<workers-1>`, the longest worker pod's hostname,
+    must be a DNS-1035 label. An MPIJob that fails it is stored by the API server (the CRD does not
+    check the name) and sits Pending with a ValidationError event (`syncHandler` does not requeue it).
+    The launcher's `<name>-launcher` is never longer than `<name>-worker-0`."""
+    longest = worker_pod_name(job_name, max(1, workers) - 1)
+    limit = DNS1035_MAX - (len(longest) - len(job_name))
+    if not DNS1035_LABEL.fullmatch(job_name) or len(longest) > DNS1035_MAX:
+        raise ValueError(
+            f"job name {job_name!r}: the MPI Operator names its pods <name>-worker-<i>, which must be "
+            f"DNS-1035 labels: allowed are at most {limit} characters for {workers} worker(s), lower-case "
+            "letters, digits and '-', starting with a letter and ending with a letter or digit")
 
 
 def worker_pod_name(job_name: str, index: int) -> str:

@@ -14,8 +14,9 @@ Shape (docs/field-notes.md §1, §5, §6):
   The launcher runs the image's slim `launcher` target (`<image>-launcher`: no CUDA), so the small
   system nodes never pull the multi-GB worker image;
 - one worker per GPU node (`entrypoint.py sshd`; horovodrun reaches it over ssh) requesting the
-  node's GPUs and, on EFA groups, all its EFA interfaces; most of the node's memory and CPUs (from the
-  instance catalog), a memory-backed /dev/shm with a size limit, a readiness probe on sshd's port,
+  node's GPUs and, on EFA groups, all its EFA interfaces; the node's memory and CPUs less what the node
+  keeps for itself and its DaemonSets (cluster/node_room.py, from the instance catalog), a
+  memory-backed /dev/shm with a size limit, a readiness probe on sshd's port,
   the GPU taint tolerated, and a termination grace period that fits a checkpoint (the entrypoint
   forwards the pod's SIGTERM to the trainer ranks). Before sshd starts, an init container runs the
   image's self-test with the GPUs and EFA interfaces the pod requests: a node whose GPUs are missing
@@ -37,6 +38,7 @@ from cluster import mpi_operator
 from cluster.backend import BackendError, Storage
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
+from cluster.node_room import worker_cpu_request, worker_memory_limit_gib
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -50,6 +52,10 @@ POD_INTERFACE = "eth0"
 LAUNCHER_ARGS = ("launcher", "--")
 WORKER_ARGS = ("sshd",)
 SELFTEST_ARGS = ("selftest",)
+# The pods' container names (the backend reads their logs and statuses by name).
+LAUNCHER_CONTAINER = "launcher"
+WORKER_CONTAINER = "worker"
+SELFTEST_CONTAINER = "selftest"
 # What the self-test must find (image/entrypoint.py): at least this many GPUs and EFA devices, and with
 # EFA devices expected, NCCL reporting the EFA provider (AWS's own health check greps the same line).
 EXPECT_GPUS_ENV = "RINGTRAIN_EXPECT_GPUS"
@@ -89,20 +95,6 @@ DATA_FLAG = "--data"
 CHECKPOINT_FLAG = "--checkpoint-dir"
 ELASTIC_FLAG = "--elastic"
 
-# What a node keeps for itself, subtracted before the worker's share (see worker_memory_limit_gib):
-# the EKS AMIs' kubeReserved memory is 11 MiB per pod the node may run plus 255 MiB (amazon-eks-ami
-# nodeadm / bottlerocket `memory_mebibytes_to_reserve`), at most 250 pods; the kubelet's default
-# hard eviction threshold is memory.available<100Mi.
-MAX_PODS_PER_NODE = 250
-KUBE_RESERVED_MIB = 11 * MAX_PODS_PER_NODE + 255
-EVICTION_HARD_MIB = 100
-# Of what is left (allocatable), the worker takes this share: the rest is for the daemonsets on every
-# GPU node (VPC CNI, kube-proxy, device plugins, the CloudWatch agent and its DCGM exporter).
-WORKER_MEMORY_SHARE = 0.9
-# CPUs left to the kubelet's reservation and those daemonsets.
-RESERVED_CPUS = 2
-
-
 class MPIJobError(BackendError):
     """The job cannot be rendered for this stack; the message says what is wrong and what is allowed."""
 
@@ -139,14 +131,6 @@ class LauncherNodes:
 
 
 SYSTEM_NODES = LauncherNodes(node_selector={NODE_POOL_LABEL: SYSTEM_POOL, CAPACITY_TYPE_LABEL: "ON_DEMAND"})
-
-
-def worker_memory_limit_gib(memory_gib: int) -> int:
-    """Most of a node's allocatable memory: node memory less kubeReserved and the eviction threshold,
-    times WORKER_MEMORY_SHARE, in whole GiB (pure). The pod holds all of the node's ranks and its
-    memory-backed /dev/shm, so a fixed small limit would OOM-kill big nodes' jobs."""
-    allocatable_mib = memory_gib * 1024 - KUBE_RESERVED_MIB - EVICTION_HARD_MIB
-    return max(1, math.floor(allocatable_mib * WORKER_MEMORY_SHARE / 1024))
 
 
 def parse_gib(quantity: str) -> float:
@@ -194,7 +178,7 @@ def worker_nodes(node_group: str, instance_types: Sequence[str], capacity_type: 
             raise MPIJobError(f"worker memory {memory_limit}: node group {node_group!r} leaves at most "
                               f"{most_gib}Gi per worker ({', '.join(instance_types)}); allowed are up to "
                               f"{most_gib}Gi")
-    cpus = min(max(1, r.vcpus - RESERVED_CPUS) for r in records.values())
+    cpus = min(worker_cpu_request(r.vcpus) for r in records.values())
     return WorkerNodes(node_group=node_group, instance_types=tuple(instance_types), gpus_per_node=gpus,
                        efa_interfaces=efa_interfaces, capacity_type=capacity_type, memory_limit=memory_limit,
                        cpu_request=str(cpus), shm_size_limit=shm_size_limit(memory_gib))
@@ -243,11 +227,22 @@ def with_storage_args(job: JobSpec, storage: Storage) -> JobSpec:
     return dataclasses.replace(job, trainer_args=args + tuple(extra))
 
 
-def launcher_command(job: JobSpec, network_interface: str = POD_INTERFACE) -> list[str]:
+# Elastic on EKS: a host Horovod blacklisted (its worker failed) stays out at least this long. A worker pod
+# being drained keeps phase Running through its termination grace period, and the operator lists every
+# Running worker pod in discover_hosts.sh (mpi_job_controller.go getRunningWorkerPods: phase only, no
+# deletionTimestamp check); Horovod re-admits a blacklisted host once its cooldown ends
+# (horovod/runner/elastic/discovery.py HostState: cooldown = clamp(lower * 2^n + U(0,1) * lower, lower,
+# upper)). A lower bound below the grace period lets the draining host back in, to fail again.
+EKS_BLACKLIST_COOLDOWN_S = (WORKER_TERMINATION_GRACE_S, 600)
+
+
+def launcher_command(job: JobSpec, network_interface: str = POD_INTERFACE,
+                     blacklist_cooldown_s: tuple[int, int] = EKS_BLACKLIST_COOLDOWN_S) -> list[str]:
     """horovodrun as the launcher runs it: hosts from the operator's /etc/mpi files."""
     if job.elastic:
         return horovodrun_command(job, discovery_script=mpi_operator.DISCOVER_HOSTS_PATH,
-                                  network_interface=network_interface)
+                                  network_interface=network_interface,
+                                  blacklist_cooldown_s=blacklist_cooldown_s)
     return horovodrun_command(job, hostfile=mpi_operator.HOSTFILE_PATH, network_interface=network_interface)
 
 
@@ -302,7 +297,7 @@ def worker_container(mpijob: Mapping[str, Any]) -> dict[str, Any]:
 def worker_selftest_container(mpijob: Mapping[str, Any]) -> dict[str, Any] | None:
     """The worker pods' self-test init container; None for CPU workers (the local executor's hosts)."""
     init = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"].get("initContainers", [])
-    return next((c for c in init if c["name"] == "selftest"), None)
+    return next((c for c in init if c["name"] == SELFTEST_CONTAINER), None)
 
 
 def render_mpijob(
@@ -320,9 +315,21 @@ def render_mpijob(
     clean_pod_policy: str = "Running",
     backoff_limit: int = 0,
     ttl_seconds_after_finished: int = 3600,
+    blacklist_cooldown_s: tuple[int, int] = EKS_BLACKLIST_COOLDOWN_S,
 ) -> dict[str, Any]:
     """The MPIJob manifest (a plain dict, ready for `kubectl apply -f -` as JSON). The launcher runs
-    `launcher_image`, by default the launcher target built with `image` (launcher_image_for)."""
+    `launcher_image`, by default the launcher target built with `image` (launcher_image_for). An elastic
+    job's `blacklist_cooldown_s` must start at the worker pods' termination grace period on EKS
+    (EKS_BLACKLIST_COOLDOWN_S); the local executor, whose hosts leave discovery before their workers
+    are stopped, passes its own."""
+    try:
+        mpi_operator.check_job_name(job.name, job.num_hosts)
+    except ValueError as e:
+        raise MPIJobError(str(e)) from None
+    if blacklist_cooldown_s[0] < 1 or blacklist_cooldown_s[1] > 3600 or \
+            blacklist_cooldown_s[0] > blacklist_cooldown_s[1]:
+        raise MPIJobError(f"blacklist cooldown {blacklist_cooldown_s}: allowed is a range within 1..3600 s "
+                          "(horovod/runner/elastic/discovery.py)")
     if workers.gpus_per_node and job.slots_per_host > workers.gpus_per_node:
         raise MPIJobError(
             f"slots_per_host={job.slots_per_host} but node group {workers.node_group!r} "
@@ -348,9 +355,9 @@ def render_mpijob(
             "serviceAccountName": service_account,
             "nodeSelector": dict(launcher.node_selector),
             "containers": [{
-                "name": "launcher",
+                "name": LAUNCHER_CONTAINER,
                 "image": launcher_image,
-                "args": [*LAUNCHER_ARGS, *launcher_command(job, network_interface)],
+                "args": [*LAUNCHER_ARGS, *launcher_command(job, network_interface, blacklist_cooldown_s)],
                 **({"env": env} if env else {}),
                 "resources": {"requests": {"cpu": launcher.cpu, "memory": launcher.memory}},
             }],
@@ -378,7 +385,7 @@ def render_mpijob(
         expect = [{"name": EXPECT_GPUS_ENV, "value": str(requests[GPU_RESOURCE])},
                   {"name": EXPECT_EFA_ENV, "value": str(requests.get(EFA_RESOURCE, 0))}]
         init_containers.append({
-            "name": "selftest",
+            "name": SELFTEST_CONTAINER,
             "image": image,
             "args": list(SELFTEST_ARGS),
             "env": worker_env + expect,
@@ -409,7 +416,7 @@ def render_mpijob(
             "terminationGracePeriodSeconds": WORKER_TERMINATION_GRACE_S,
             **({"initContainers": init_containers} if init_containers else {}),
             "containers": [{
-                "name": "worker",
+                "name": WORKER_CONTAINER,
                 "image": image,
                 # Host keys, then sshd as the entrypoint's child: horovodrun reaches the workers over ssh,
                 # and the entrypoint stays PID 1 to forward the pod's SIGTERM to the trainers.

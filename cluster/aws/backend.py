@@ -5,10 +5,18 @@
     submit(job) scale the GPU node group to the job's hosts (EKS API; the stack ignores desiredSize
                 changes, the cost guard scales idle groups back down), wait for Ready nodes, apply the
                 rendered MPIJob
-    logs(h)     follow the launcher's output
+                (after deleting the previous MPIJob of that name and waiting until its pods are gone)
+    logs(h)     wait until the job has started, then follow the launcher's output; fails at once,
+                naming the pod and the reason, when a pod cannot be scheduled, its self-test (init
+                container) fails, its image cannot be pulled, or pods are still Pending at the
+                startup deadline (the operator fails an MPIJob only for a failed launcher or evicted
+                workers: mpi-operator v0.8.2 mpi_job_controller.go updateMPIJobStatus)
     wait(h)     poll the MPIJob's conditions; the job's exit code from the launcher pod's exit code and
-                log through cluster.exit_codes (the mapping the local executor uses: a reclaimed
-                worker's 75 comes back as 75, so `run` resubmits), the trainer's summary from the log
+                log, read again once it ended, through cluster.exit_codes (the mapping the local
+                executor uses: a reclaimed worker's 75 comes back as 75, so `run` resubmits), the
+                trainer's summary from the log
+    cancel(h)   delete the MPIJob (a timeout or an interrupt ends the job on the cluster too)
+    The job's pods are those the MPIJob's uid owns, never a Terminating pod of an earlier job.
     down()      compute off (data stays): the teardown `run` guarantees
 
 Needs the Pulumi CLI, AWS credentials, kubectl and the AWS CLI; each missing piece is one clear error.
@@ -16,28 +24,47 @@ Needs the Pulumi CLI, AWS credentials, kubectl and the AWS CLI; each missing pie
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cluster import mpi_operator
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.exit_codes import failure_message, job_exit_code
 from cluster.job import JobSpec
 from cluster.mpijob import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
     JOB_LABEL,
+    LAUNCHER_CONTAINER,
     NODE_POOL_LABEL,
-    ROLE_LABEL,
+    SELFTEST_CONTAINER,
     SYSTEM_NODES,
     read_image_version,
     render_mpijob,
+    worker_container,
     worker_hostnames,
     worker_nodes,
 )
 from infra.storage_layout import checkpoint_uri, dataset_uri
 from train.summary import last_summary
 
-from .kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
+from .kubectl import (
+    Kubectl,
+    LogStreamError,
+    is_unschedulable,
+    job_pods,
+    launcher_exit_code,
+    mpijob_state,
+    owned_by,
+    pending_reason,
+    pod_name,
+    pod_phase,
+    pod_problem,
+    ready_nodes,
+)
 from .outputs import NodeGroupOutput, StackOutputs, parse_outputs
 from .stack import (
     REPO_ROOT,
@@ -51,6 +78,12 @@ from .stack import (
 )
 
 POLL_S = 10.0
+# From submit until the job runs: nodes Ready, the previous job's pods gone, every pod scheduled, its
+# image pulled, the self-test passed, the launcher started. Past it the job fails naming the pods still
+# Pending. Spot capacity and a multi-GB image pull on fresh nodes take minutes, not half an hour.
+STARTUP_TIMEOUT_S = 1800.0
+LOG_RECONNECTS = 20           # `kubectl logs -f` streams opened again while the launcher runs
+FINAL_LOG_LINES = 2000        # the launcher's log read once it ended: the summary and exit lines
 
 
 def nodes_needed(job: JobSpec) -> int:
@@ -72,9 +105,14 @@ def image_reference(outputs: StackOutputs, version: str) -> str:
 
 
 def storage_for(outputs: StackOutputs, job_name: str, dataset: str | None) -> Storage:
+    """The buckets, and the region for the clients that reach them. The pods get the region in their
+    environment: with the node's IMDS hop limit 1 a pod cannot ask the instance for it, and boto3 reads
+    AWS_DEFAULT_REGION (botocore configprovider), the other AWS SDKs and the CLI AWS_REGION."""
+    region = outputs.region
     return Storage(
         dataset_uri=dataset_uri(outputs.datasets_bucket, dataset or job_name),
         checkpoint_uri=checkpoint_uri(outputs.checkpoints_bucket, job_name),
+        env={"AWS_REGION": region, "AWS_DEFAULT_REGION": region},
     )
 
 
@@ -93,7 +131,7 @@ class AwsBackend(Backend):
         repo_root: Path = REPO_ROOT,
         ops_factory: Callable[[str], StackOps] = AutomationStack,
         kubectl_factory: Callable[[Path], Kubectl] = Kubectl,
-        node_timeout_s: float = 1800.0,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
         log: Callable[[str], Any] = print,
     ):
         self.stack = stack
@@ -105,7 +143,7 @@ class AwsBackend(Backend):
         self.repo_root = Path(repo_root)
         self._ops_factory = ops_factory
         self._kubectl_factory = kubectl_factory
-        self.node_timeout_s = node_timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self._log = log
         self._ops: StackOps | None = None
         self._outputs: StackOutputs | None = None
@@ -164,54 +202,108 @@ class AwsBackend(Backend):
         manifest = self.render(job)   # all input checks before anything is scaled or applied
         outputs = self.outputs()
         group = outputs.node_group(self.node_group)
+        started = time.monotonic()
         self._scale(outputs, group, job)
-        self._wait_for_nodes(group, nodes_needed(job))
+        self._wait_for_nodes(group, nodes_needed(job), _node_resources(manifest), started)
         namespace = manifest["metadata"]["namespace"]
         # A resubmission (after exit 75) reuses the name: the operator never reruns a finished MPIJob,
-        # so the old one goes first; the new one resumes from the checkpoints in S3.
-        self._k().run("delete", "mpijob", job.name, "-n", namespace, "--ignore-not-found", "--wait=true")
-        self._k().apply(manifest)
+        # so the old one goes first, with all its pods; the new one resumes from the checkpoints in S3.
+        self._delete_job(job.name, namespace, deadline=started + self.startup_timeout_s)
+        applied = self._k().apply(manifest)
+        uid = str((applied.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            raise BackendError(f"kubectl apply returned MPIJob {namespace}/{job.name} without a uid")
         self._log(f"submitted MPIJob {namespace}/{job.name} on node group {group.name}")
         hosts = worker_hostnames(job, namespace)
         # The node group's types and capacity type price the run's node-hours (cluster/run_cost.py).
         return JobHandle(name=job.name, backend=self.name,
-                         details={"namespace": namespace, "log": [], "hosts": hosts,
-                                  "node_group": group.name, "instance_types": list(group.instance_types),
+                         details={"namespace": namespace, "uid": uid, "log": [], "hosts": hosts,
+                                  "needed": nodes_needed(job), "startup_deadline": started +
+                                  self.startup_timeout_s, "node_group": group.name,
+                                  "instance_types": list(group.instance_types),
                                   "capacity_type": group.capacity_type})
 
     def logs(self, handle: JobHandle) -> Iterator[str]:
+        """The launcher's output, once the job has started (BackendError naming the pod and the reason
+        if it cannot); a stream that ends while the launcher still runs is opened again."""
         namespace = handle.details["namespace"]
-        self._wait_for_launcher(handle)
-        for line in self._k().follow_logs(namespace, f"job/{handle.name}-launcher"):
-            handle.details.setdefault("log", []).append(line)
-            yield line
+        launcher = self._wait_for_start(handle)
+        name = pod_name(launcher)
+        since: str | None = None
+        for reconnect in range(LOG_RECONNECTS + 1):
+            cut_at = _utc_now()
+            try:
+                for line in self._k().follow_logs(namespace, name, LAUNCHER_CONTAINER, since_time=since):
+                    handle.details.setdefault("log", []).append(line)
+                    yield line
+                    cut_at = _utc_now()
+                problem = ""
+            except LogStreamError as e:
+                problem = str(e)
+            if problem:   # kubectl's own error: said here, never taken for the job's output
+                self._log(f"the log stream of {name} ended: {problem}")
+            current = self._launcher(handle)
+            if current is None or pod_phase(current) != "Running" or reconnect == LOG_RECONNECTS:
+                return
+            self._log(f"{name} still runs: following its log again")
+            since = cut_at   # lines after the last one seen; kubectl's resolution is one second
+            time.sleep(min(POLL_S, 1.0))
 
     def wait(self, handle: JobHandle, timeout_s: float | None = None) -> JobResult:
         namespace = handle.details["namespace"]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        started = False
         while True:
-            state, message = mpijob_state(self._k().get_json("mpijob", handle.name, "-n", namespace))
+            mpijob = self._k().get_optional("mpijob", handle.name, namespace)
+            if mpijob is None or (mpijob.get("metadata") or {}).get("uid") != handle.details["uid"]:
+                raise BackendError(f"MPIJob {namespace}/{handle.name} was deleted while it ran")
+            state, message = mpijob_state(mpijob)
             if state in ("Succeeded", "Failed"):
                 break
+            if not started:   # wait() without logs(): the same fail-fast checks until the job runs
+                started = self._started(handle) is not None
             if deadline is not None and time.monotonic() >= deadline:
-                return JobResult(name=handle.name, succeeded=False, exit_code=None,
-                                 message=f"MPIJob still {state} after {timeout_s:g} s")
+                raise BackendError(f"job {handle.name} still {state} after {timeout_s:g} s")
             time.sleep(POLL_S)
-        pods = self._k().get_json("pods", "-n", namespace, "-l",
-                                  _launcher_selector(handle.name))
-        log = handle.details.get("log") or self._k().run(
-            "logs", "-n", namespace, f"job/{handle.name}-launcher", "--tail=500").splitlines()
-        return job_result(handle.name, state, message, launcher_exit_code(pods), log)
+        launcher = self._launcher(handle)
+        pods = {"items": [launcher] if launcher else []}
+        return job_result(handle.name, state, message, launcher_exit_code(pods),
+                          self._final_log(handle, launcher))
 
-    def job_status(self, job_name: str) -> dict[str, Any]:
-        """State of a submitted MPIJob (Pending, Running, Succeeded, Failed) and its launcher's exit code."""
+    def cancel(self, handle: JobHandle) -> None:
+        """End the job on the cluster: its MPIJob and pods are deleted (a timeout, an interrupt, an error)."""
+        namespace = handle.details["namespace"]
+        self._k().run("delete", "mpijob", handle.name, "-n", namespace, "--ignore-not-found", "--wait=false")
+        self._k().close_streams()
+        self._log(f"deleted MPIJob {namespace}/{handle.name}: its pods stop")
+
+    def handle_for(self, job_name: str) -> JobHandle:
+        """A handle on an MPIJob submitted earlier (`ringtrain logs`, `status --job`), from the object."""
         outputs = self.outputs()
         outputs.require_compute()
         namespace = str(outputs.training_namespace)
+        mpijob = self._k().get_optional("mpijob", job_name, namespace)
+        if mpijob is None:
+            raise BackendError(f"no MPIJob {namespace}/{job_name}: submit it first (`ringtrain submit`)")
+        spec = mpijob["spec"]
+        workers = int(spec["mpiReplicaSpecs"]["Worker"]["replicas"])
+        # A static job's launcher starts once every worker is Ready; an elastic one needs one to begin.
+        needed = workers if spec.get("launcherCreationPolicy") != "AtStartup" else 1
+        hosts = [mpi_operator.pod_fqdn(mpi_operator.worker_pod_name(job_name, i), job_name, namespace)
+                 for i in range(workers)]
+        return JobHandle(name=job_name, backend=self.name,
+                         details={"namespace": namespace, "uid": mpijob["metadata"]["uid"], "log": [],
+                                  "hosts": hosts, "needed": needed,
+                                  "startup_deadline": time.monotonic() + self.startup_timeout_s})
+
+    def job_status(self, job_name: str) -> dict[str, Any]:
+        """State of a submitted MPIJob (Pending, Running, Succeeded, Failed) and its launcher's exit code."""
+        handle = self.handle_for(job_name)
+        namespace = handle.details["namespace"]
         state, message = mpijob_state(self._k().get_json("mpijob", job_name, "-n", namespace))
-        pods = self._k().get_json("pods", "-n", namespace, "-l", _launcher_selector(job_name))
+        launcher = self._launcher(handle)
         return {"job": job_name, "namespace": namespace, "state": state, "message": message,
-                "exitCode": launcher_exit_code(pods)}
+                "exitCode": launcher_exit_code({"items": [launcher] if launcher else []})}
 
     def down(self) -> None:
         if self._ops is None:
@@ -240,35 +332,129 @@ class AwsBackend(Backend):
             before = scaling.get("desiredSize", 0)
             self._log(f"node group {group.name}: desired size {before} -> {job.num_hosts}")
 
-    def _wait_for_nodes(self, group: NodeGroupOutput, needed: int) -> None:
-        deadline = time.monotonic() + self.node_timeout_s
+    def _wait_for_nodes(self, group: NodeGroupOutput, needed: int, resources: dict[str, int],
+                        started: float) -> None:
+        deadline = started + self.startup_timeout_s
         while True:
-            ready = ready_nodes(self._k().get_json("nodes", "-l", f"{NODE_POOL_LABEL}={group.name}"))
+            nodes = self._k().get_json("nodes", "-l", f"{NODE_POOL_LABEL}={group.name}")
+            ready = ready_nodes(nodes, resources)
             if ready >= needed:
                 return
             if time.monotonic() >= deadline:
-                raise BackendError(f"node group {group.name!r}: {ready} of {needed} nodes Ready after "
-                                   f"{self.node_timeout_s:g} s (spot capacity or quota?); "
-                                   "nothing was submitted")
+                raise BackendError(f"node group {group.name!r}: {ready} of {needed} nodes Ready with "
+                                   f"{_describe(resources)} after {self.startup_timeout_s:g} s (spot "
+                                   "capacity or quota?); nothing was submitted")
             self._log(f"node group {group.name}: {ready}/{needed} nodes Ready")
             time.sleep(POLL_S)
 
-    def _wait_for_launcher(self, handle: JobHandle) -> None:
-        namespace = handle.details["namespace"]
-        deadline = time.monotonic() + self.node_timeout_s
-        while time.monotonic() < deadline:
-            pods = self._k().get_json("pods", "-n", namespace, "-l",
-                                      _launcher_selector(handle.name))
-            for pod in pods.get("items") or []:
-                if (pod.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
-                    return
+    def _delete_job(self, name: str, namespace: str, deadline: float) -> None:
+        """Delete the previous MPIJob of this name and wait until every pod of it is gone.
+
+        Foreground cascade: the API server keeps the MPIJob (deletionTimestamp, finalizer
+        foregroundDeletion) until the garbage collector has deleted every dependent whose owner reference
+        has blockOwnerDeletion, as the operator's controller references do (the worker pods, the launcher
+        Job and its pod), and `--wait` returns once the MPIJob is gone (kubernetes.io/docs "Garbage
+        Collection" and "Use Cascading Deletion in a Cluster"; kubectl delete --help). kubectl's default,
+        background, removes the MPIJob at once and leaves its pods Terminating while the next one
+        starts. The pods are then checked by label, for one that lost its owner or a timed-out wait."""
+        left = max(1.0, deadline - time.monotonic())
+        self._k().run("delete", "mpijob", name, "-n", namespace, "--ignore-not-found",
+                      "--cascade=foreground", "--wait=true", f"--timeout={int(left)}s",
+                      timeout_s=left + 30)
+        while True:
+            pods = self._k().get_json("pods", "-n", namespace, "-l", f"{JOB_LABEL}={name}")
+            names = [pod_name(p) for p in pods.get("items") or []]
+            if not names:
+                return
+            if time.monotonic() >= deadline:
+                raise BackendError(f"the previous pods of job {name!r} ({', '.join(names)}) are still "
+                                   f"terminating after {self.startup_timeout_s:g} s; nothing was submitted")
             time.sleep(POLL_S)
-        raise BackendError(f"the launcher of {handle.name!r} did not start within {self.node_timeout_s:g} s")
+
+    def _pods(self, handle: JobHandle) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        namespace = handle.details["namespace"]
+        pods = self._k().get_json("pods", "-n", namespace, "-l", f"{JOB_LABEL}={handle.name}")
+        launcher_job = handle.details.get("launcher_job")
+        if launcher_job is None:   # created by the operator, maybe later; the same object for the job's life
+            name = mpi_operator.launcher_pod_name(handle.name)
+            launcher_job = self._k().get_optional("job", name, namespace)
+            if launcher_job is not None and owned_by(launcher_job, handle.details["uid"]):
+                handle.details["launcher_job"] = launcher_job
+        return job_pods(pods, handle.details["uid"], launcher_job)
+
+    def _launcher(self, handle: JobHandle) -> dict[str, Any] | None:
+        launchers, _ = self._pods(handle)
+        return launchers[-1] if launchers else None
+
+    def _started(self, handle: JobHandle) -> dict[str, Any] | None:
+        """The launcher pod once the job has started (launcher running or done, with the workers it
+        needs running); None before. BackendError as soon as a pod cannot start (kubectl.pod_problem)
+        or the startup deadline has passed with pods still Pending."""
+        launchers, workers = self._pods(handle)
+        launcher = launchers[-1] if launchers else None
+        running = sum(1 for w in workers if pod_phase(w) == "Running")
+        phase = pod_phase(launcher) if launcher is not None else None
+        if phase in ("Succeeded", "Failed") or (phase == "Running" and running >= handle.details["needed"]):
+            return launcher
+        # An elastic job needs only `needed` workers: the others may wait for nodes still coming.
+        spare = len(handle.details["hosts"]) - handle.details["needed"]
+        unschedulable = [p for p in workers if is_unschedulable(p)]
+        for pod in [*workers, *launchers]:
+            problem = pod_problem(pod)
+            if problem and not (pod in unschedulable and len(unschedulable) <= spare):
+                raise BackendError(f"job {handle.name} cannot start: {problem}"
+                                   + self._init_log(handle, pod, problem))
+        if time.monotonic() >= handle.details["startup_deadline"]:
+            waiting = [f"{pod_name(p)} ({pending_reason(p)})" for p in [*workers, *launchers]
+                       if pod_phase(p) == "Pending"] or ["the launcher was not created"]
+            raise BackendError(f"job {handle.name} did not start within {self.startup_timeout_s:g} s: "
+                               f"{'; '.join(waiting)}")
+        return None
+
+    def _init_log(self, handle: JobHandle, pod: dict[str, Any], problem: str) -> str:
+        """The failed self-test's last lines, which say what it found missing."""
+        if ": init container " not in problem:
+            return ""
+        try:
+            tail = self._k().run("logs", "-n", handle.details["namespace"], pod_name(pod), "-c",
+                                 SELFTEST_CONTAINER, "--tail=20", "--previous=false")
+        except BackendError:
+            return ""
+        lines = [ln for ln in tail.splitlines() if ln.strip()]
+        return "".join(f"\n  | {ln}" for ln in lines)
+
+    def _wait_for_start(self, handle: JobHandle) -> dict[str, Any]:
+        while True:
+            launcher = self._started(handle)
+            if launcher is not None:
+                return launcher
+            time.sleep(POLL_S)
+
+    def _final_log(self, handle: JobHandle, launcher: dict[str, Any] | None) -> list[str]:
+        """The launcher's log read again once it ended: a followed stream may have been cut, and its
+        end must not decide the exit code. The followed lines where the pod is already gone."""
+        if launcher is not None:
+            try:
+                text = self._k().run("logs", "-n", handle.details["namespace"], pod_name(launcher), "-c",
+                                     LAUNCHER_CONTAINER, f"--tail={FINAL_LOG_LINES}")
+                return text.splitlines()
+            except BackendError as e:
+                self._log(f"could not read the launcher's final log ({e}); using the followed lines")
+        return list(handle.details.get("log") or [])
 
 
-def _launcher_selector(job_name: str) -> str:
-    # The labels render_mpijob puts on the launcher's pod template (the operator keeps template labels).
-    return f"{JOB_LABEL}={job_name},{ROLE_LABEL}=launcher"
+def _node_resources(manifest: dict[str, Any]) -> dict[str, int]:
+    """The extended resources (GPUs, EFA) one worker requests: a node must advertise them first."""
+    requests = worker_container(manifest)["resources"]["requests"]
+    return {k: int(v) for k, v in requests.items() if k in (GPU_RESOURCE, EFA_RESOURCE)}
+
+
+def _describe(resources: dict[str, int]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in resources.items()) or "no extended resources"
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def job_result(name: str, state: str, message: str, launcher_rc: int | None, log: list[str]) -> JobResult:

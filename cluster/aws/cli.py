@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from cluster.job import JobSpec
+from cluster.mpi_operator import check_job_name
 from cluster.usage import EXIT_FAILED, UsageError
 
 
@@ -74,7 +75,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                   "      -- --model cnn --steps 1000\n"
                   "  ringtrain submit --stack dev --job-name j --hosts 2 --dry-run --outputs outputs.json\n"
                   "    (--dry-run with --outputs FILE needs no AWS at all: it prints the manifest)")
-    submit.add_argument("--job-name", required=True, help="lower-case letters, digits and '-'")
+    submit.add_argument("--job-name", required=True,
+                        help="lower-case letters, digits and '-', a letter first; at most 54 characters "
+                             "with up to 10 hosts (the operator's pod names <name>-worker-<i>)")
     submit.add_argument("--hosts", type=int, default=1, help="worker nodes (default 1)")
     submit.add_argument("--slots-per-host", type=int, default=None,
                         help="processes (GPUs) per node (default: every GPU of the node type)")
@@ -227,6 +230,10 @@ def cmd_submit(a: argparse.Namespace) -> int:
     from cluster.aws.stack import AutomationStack
     from infra.catalog import load_catalog
 
+    try:
+        check_job_name(a.job_name, a.hosts)   # the MPI Operator's rule for its pod names, before any work
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     factory = (lambda s: _OutputsFile(s, a.outputs)) if a.outputs else \
         (lambda s: AutomationStack(s, create=False))
     backend = AwsBackend(stack=a.stack, node_group=a.node_group, dataset=a.dataset, image=a.image,
@@ -255,17 +262,13 @@ def cmd_submit(a: argparse.Namespace) -> int:
 def cmd_logs(a: argparse.Namespace) -> int:
     from cluster.aws.backend import AwsBackend
     from cluster.aws.stack import AutomationStack
-    from cluster.backend import JobHandle
 
     try:
         JobSpec(name=a.job, num_hosts=1)
     except ValueError as e:
         raise UsageError(f"--job {a.job!r}: {e}") from None
     backend = AwsBackend(a.stack, ops_factory=lambda s: AutomationStack(s, create=False))
-    outputs = backend.outputs()
-    outputs.require_compute()
-    namespace = str(outputs.training_namespace)
-    handle = JobHandle(name=a.job, backend=backend.name, details={"namespace": namespace})
-    for line in backend.logs(handle):   # waits for the launcher pod, then follows its log to the end
+    handle = backend.handle_for(a.job)
+    for line in backend.logs(handle):   # waits for the job to start, then follows its launcher to the end
         print(line, flush=True)
     return 0

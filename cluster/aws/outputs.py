@@ -7,6 +7,7 @@ while `ringtrain:compute` is true, so a missing one means "run up first", and th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,9 @@ COMPUTE_OUTPUTS = ("clusterName", "trainingNamespace", "trainingServiceAccount",
 
 # The EKS API's node group capacity types (botocore eks 2017-11-01, CapacityTypes).
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
+
+
+ECR_REGISTRY = re.compile(r"^\d{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/")
 
 
 class OutputsError(BackendError):
@@ -51,6 +55,17 @@ class StackOutputs:
     @property
     def has_compute(self) -> bool:
         return self.cluster_name is not None
+
+    @property
+    def region(self) -> str:
+        """The stack's AWS region, from its ECR repository URL
+        (`<account>.dkr.ecr.<region>.amazonaws.com[.cn]/<name>`: Amazon ECR user guide, registry URLs)."""
+        m = ECR_REGISTRY.match(self.ecr_repository_url)
+        if m is None:
+            raise OutputsError(f"stack {self.stack!r} output ecrRepositoryUrl is "
+                               f"{self.ecr_repository_url!r}: expected "
+                               "<account>.dkr.ecr.<region>.amazonaws.com/<repository>")
+        return m.group(1)
 
     def require_compute(self) -> None:
         if not self.has_compute:

@@ -31,6 +31,7 @@ from pathlib import Path
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.exit_codes import failure_message, job_exit_code
 from cluster.job import JobSpec
+from cluster.launch import BLACKLIST_COOLDOWN_S
 from cluster.local import procs, reaper
 from cluster.local.executor import LocalExecutor, RunningLauncher
 from cluster.local.hosts import HostError, LocalHosts
@@ -169,7 +170,8 @@ class LocalBackend(Backend):
         return render_mpijob(job, image=LOCAL_IMAGE, storage=self.storage(job.name),
                              namespace=LOCAL_NAMESPACE, service_account=LOCAL_SERVICE_ACCOUNT,
                              workers=local_worker_nodes(len(os.sched_getaffinity(0)), memory),
-                             launcher=SYSTEM_NODES, network_interface=hosts.iface, ssh_port=keys.port)
+                             launcher=SYSTEM_NODES, network_interface=hosts.iface, ssh_port=keys.port,
+                             blacklist_cooldown_s=BLACKLIST_COOLDOWN_S)
 
     def submit(self, job: JobSpec) -> JobHandle:
         hosts = self._hosts()

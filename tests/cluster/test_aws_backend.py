@@ -5,6 +5,7 @@ The parts that need a live EKS cluster (kubectl apply, logs, MPIJob status) skip
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -13,7 +14,15 @@ import boto3
 import pytest
 
 from cluster.aws.backend import AwsBackend, check_fits_group, nodes_needed
-from cluster.aws.kubectl import Kubectl, launcher_exit_code, mpijob_state, ready_nodes
+from cluster.aws.kubectl import (
+    Kubectl,
+    job_pods,
+    launcher_exit_code,
+    mpijob_state,
+    pending_reason,
+    pod_problem,
+    ready_nodes,
+)
 from cluster.aws.outputs import OutputsError, parse_outputs
 from cluster.backend import BackendError
 from cluster.flow import FlowInterrupted, FlowOptions, run_job
@@ -23,11 +32,10 @@ from tests.summaries import run_summary
 
 
 @pytest.fixture(scope="module")
-def dev_exports():
-    """What `pulumi stack output` would give for the dev stack: the program's exports under mocks."""
-    from tests.infra.harness import run_program
-
-    return run_program("dev").exports
+def dev_exports(dev_outputs_file):
+    """What `pulumi stack output` would give for the dev stack: the program's exports under mocks (run
+    once per session: tests/conftest.py)."""
+    return json.loads(dev_outputs_file.read_text())
 
 
 class RecordingStack:
@@ -110,7 +118,12 @@ def test_render_uses_the_stack_outputs_and_image_version(dev_exports, tmp_path):
     assert cmd[cmd.index("--data") + 1] == "s3://acme-ringtrain-dev-datasets/datasets/cifar"
     assert cmd[cmd.index("--checkpoint-dir") + 1] == "s3://acme-ringtrain-dev-checkpoints/checkpoints/r1"
     storage = backend.storage("r1")
-    assert (storage.dataset_uri, storage.env) == ("s3://acme-ringtrain-dev-datasets/datasets/cifar", {})
+    # The region in the pods' environment: at IMDS hop limit 1 they cannot ask the instance.
+    region = {"AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}
+    assert (storage.dataset_uri, storage.env) == ("s3://acme-ringtrain-dev-datasets/datasets/cifar", region)
+    for spec in manifest["spec"]["mpiReplicaSpecs"].values():
+        env = {e["name"]: e["value"] for e in spec["template"]["spec"]["containers"][0]["env"]}
+        assert env.items() >= region.items()
 
 
 def test_up_turns_compute_on_and_writes_the_kubeconfig_0600(dev_exports, tmp_path, aws_env):
@@ -161,6 +174,66 @@ def test_kubectl_json_is_read_correctly():
     assert launcher_exit_code({"items": []}) is None
     pods = [term(75, "2026-01-01T00:00:01Z"), term(0, "2026-01-01T00:00:09Z")]
     assert launcher_exit_code({"items": pods}) == 0  # the latest attempt counts
+
+
+def _pod(name, *, phase="Pending", owner="mpijob-uid", conditions=(), init=(), containers=(), **meta):
+    return {"metadata": {"name": name, "ownerReferences": [{"uid": owner}], **meta},
+            "status": {"phase": phase, "conditions": list(conditions), "initContainerStatuses": list(init),
+                       "containerStatuses": list(containers)}}
+
+
+def test_pod_problems_name_the_pod_and_the_reason():
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": "0/2 nodes are available: 2 Insufficient cpu."}
+    assert pod_problem(_pod("j-worker-1", conditions=[unschedulable])) == \
+        "pod j-worker-1 cannot be scheduled: 0/2 nodes are available: 2 Insufficient cpu."
+    failed_init = {"name": "selftest", "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}
+    assert pod_problem(_pod("j-worker-0", phase="Failed", init=[failed_init])) == \
+        "pod j-worker-0: init container selftest failed with exit code 3 (Error)"
+    restarting = {"name": "selftest", "lastState": {"terminated": {"exitCode": 1}},
+                  "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+    assert "init container selftest failed with exit code 1" in pod_problem(_pod("w", init=[restarting]))
+    pull = {"name": "worker", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}
+    assert pod_problem(_pod("w", containers=[pull])) == "pod w: container worker ErrImagePull: not found"
+    creating = {"name": "worker", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    assert pod_problem(_pod("w", containers=[creating])) is None   # still starting
+    assert pending_reason(_pod("w", containers=[creating])) == "container worker waiting: ContainerCreating"
+    assert pod_problem(_pod("w", phase="Running")) is None
+
+
+def test_a_jobs_pods_are_selected_by_its_uid_never_a_terminating_one():
+    launcher_job = {"metadata": {"uid": "job-uid", "ownerReferences": [{"uid": "mpijob-uid"}]}}
+    old_launcher = _pod("j-launcher-old", phase="Failed", owner="old-job-uid")
+    terminating = _pod("j-worker-0", phase="Running", deletionTimestamp="2026-12-07T00:00:00Z")
+    ours = [_pod("j-launcher-new", owner="job-uid"), _pod("j-worker-0"), _pod("j-worker-1")]
+    launchers, workers = job_pods({"items": [old_launcher, terminating, *ours]}, "mpijob-uid", launcher_job)
+    assert [p["metadata"]["name"] for p in launchers] == ["j-launcher-new"]
+    assert [p["metadata"]["name"] for p in workers] == ["j-worker-0", "j-worker-1"]
+    assert "deletionTimestamp" not in workers[0]["metadata"]
+    old_job = {"metadata": {"uid": "old-job-uid", "ownerReferences": [{"uid": "old-mpijob"}]}}
+    assert job_pods({"items": [old_launcher]}, "mpijob-uid", old_job) == ([], [])
+
+
+def test_nodes_count_once_the_device_plugins_advertise_their_resources():
+    def node(gpus):
+        return {"status": {"allocatable": {"nvidia.com/gpu": str(gpus)},
+                           "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    nodes = {"items": [node(4), node(0), node(4)]}
+    assert ready_nodes(nodes) == 3 and ready_nodes(nodes, {"nvidia.com/gpu": 4}) == 2
+
+
+def test_kubectls_own_errors_are_not_log_lines(tmp_path, monkeypatch):
+    """Defect: follow_logs merged kubectl's stderr into the log and ignored its exit status."""
+    from cluster.aws.kubectl import LogStreamError
+    from tests.cluster.kubectl_standin import FakeCluster
+
+    FakeCluster(tmp_path / "cluster").install(monkeypatch)
+    lines = []
+    with pytest.raises(LogStreamError, match=r'exited 1: Error from server \(NotFound\): pods "j-launcher-x" '
+                                             "not found"):
+        lines.extend(Kubectl(tmp_path / "kubeconfig").follow_logs("training", "j-launcher-x", "launcher"))
+    assert lines == []
 
 
 def test_kubectl_missing_is_a_clear_error(monkeypatch, tmp_path, dev_exports):
@@ -297,28 +370,13 @@ def test_the_aws_and_local_backends_share_one_exit_code_mapping():
     assert aws.job_exit_code is exit_codes.job_exit_code is local.job_exit_code
 
 
-class ReadyCluster:
-    """kubectl against a cluster whose GPU nodes are Ready: applies are recorded, nothing runs."""
-
-    def __init__(self, kubeconfig):
-        self.applied = []
-
-    def get_json(self, *args):
-        ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-        return {"items": [ready] * 4} if args[0] == "nodes" else {"items": []}
-
-    def run(self, *args, stdin=None):
-        return ""
-
-    def apply(self, manifest):
-        self.applied.append(manifest)
-        return ""
-
-
-def test_a_submitted_job_names_its_node_group_for_the_run_cost(dev_exports, tmp_path, moto_aws):
+def test_a_submitted_job_names_its_node_group_for_the_run_cost(dev_exports, tmp_path, moto_aws, monkeypatch):
     """The handle carries the node group, its types and capacity type: the flow's attempt records
     them and cluster/run_cost.py prices its node-hours from them."""
-    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot", kubectl_factory=ReadyCluster)
+    from tests.cluster.kubectl_standin import FakeCluster
+
+    FakeCluster(tmp_path / "cluster").install(monkeypatch).add_nodes("a10g-spot", 2, {"nvidia.com/gpu": 4})
+    backend, _ = backend_for(dev_exports, tmp_path, node_group="a10g-spot")
     handle = backend.submit(JobSpec(name="priced", num_hosts=2, slots_per_host=4))
     group = backend.outputs().node_group("a10g-spot")
     assert handle.details["node_group"] == "a10g-spot"

@@ -37,7 +37,16 @@ def test_plan_json_for_machines(capsys):
     (["down", "--stack", "dev", "--confirm", "dev"], 2, "down: error: --confirm: only with --delete-data"),
     (["submit", "--stack", "dev", "--job-name", "j", "--outputs", "/nonexistent.json", "--dry-run"], 2,
      "submit: error: --outputs /nonexistent.json: no such file"),
-], ids=["unknown-stack", "negative-hours", "confirm-without-delete", "missing-outputs-file"])
+    (["submit", "--stack", "dev", "--job-name", "1st", "--outputs", "/nonexistent.json", "--dry-run"], 2,
+     "submit: error: job name '1st': the MPI Operator names its pods <name>-worker-<i>"),
+    (["submit", "--stack", "dev", "--job-name", "a" * 54, "--hosts", "11", "--dry-run"], 2,
+     "allowed are at most 53 characters for 11 worker(s)"),
+    (["run", "--backend", "aws", "--stack", "dev", "--job-name", "a" * 55], 2,
+     "run: error: --job-name: job name 'aaaa"),
+    (["run", "--backend", "aws", "--stack", "dev", "--job-timeout", "0"], 2,
+     "--job-timeout and --startup-timeout: must be > 0 seconds"),
+], ids=["unknown-stack", "negative-hours", "confirm-without-delete", "missing-outputs-file",
+        "name-digit-first", "name-too-long-for-11", "run-name-too-long", "zero-job-timeout"])
 def test_bad_input_is_one_clear_message(args, code, message):
     done = run(*args)
     assert done.returncode == code, done.stdout + done.stderr
@@ -89,7 +98,7 @@ def test_submit_argument_errors(dev_outputs_file):
     cases = [
         (["--job-name", "j", "--node-group", "l4-spot", "--steps", "5"], "unrecognized arguments"),
         (["--job-name", "j"], "several GPU node groups (a10g-spot, l4-spot): name one"),
-        (["--job-name", "Bad_Name", "--node-group", "l4-spot"], "use lower-case letters, digits and '-'"),
+        (["--job-name", "Bad_Name", "--node-group", "l4-spot"], "lower-case letters, digits and '-'"),
         (["--job-name", "j", "--node-group", "l4-spot", "--min-hosts", "1"],
          "--min-hosts: only with --elastic"),
         (["--job-name", "j", "--node-group", "l4-spot", "--slots-per-host", "8"],

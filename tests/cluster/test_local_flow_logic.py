@@ -42,6 +42,8 @@ class ScriptedBackend(Backend):
         return JobHandle(name=job.name, backend=self.name, details={"hosts": ["a", "b"]})
 
     def logs(self, handle: JobHandle) -> Iterator[str]:
+        if self.fail_on == "logs":
+            raise BackendError("job j cannot start: pod j-worker-1 cannot be scheduled")
         yield "[0]<stderr>:train: warning: something the user should see"
 
     def wait(self, handle: JobHandle, timeout_s: float | None = None) -> JobResult:
@@ -108,6 +110,14 @@ def test_teardown_runs_on_errors_and_on_interrupts(object_store, dataset_bucket)
     with pytest.raises(FlowInterrupted):
         run_job(b, JOB, OPTS, out=lambda m: None)
     assert b.downs == 1
+
+
+def test_an_error_while_following_the_logs_reaches_the_user_at_once(object_store, dataset_bucket):
+    """Defect: _Follower lost an exception of its log thread and the flow waited on for the job."""
+    b = ScriptedBackend(object_store, dataset_bucket, [(0, {"steps": 10})], fail_on="logs")
+    with pytest.raises(BackendError, match="pod j-worker-1 cannot be scheduled"):
+        run_job(b, JOB, OPTS, out=lambda m: None)
+    assert b.outcomes == [(0, {"steps": 10})] and b.downs == 1   # wait() never called; teardown ran
 
 
 def test_keep_up_skips_teardown(object_store, dataset_bucket):
@@ -194,13 +204,14 @@ def test_one_reclaim_per_run_and_the_resubmit_waits_for_it(object_store, dataset
 
 def test_backend_capabilities_are_typed_protocols():
     from cluster.aws.backend import AwsBackend
-    from cluster.backend import FaultInjection, Progress
+    from cluster.backend import Cancel, FaultInjection, Progress
     from cluster.local.backend import LocalBackend
 
     local = LocalBackend(2, log=lambda m: None)   # not started: the capabilities are its methods
     assert isinstance(local, FaultInjection) and isinstance(local, Progress)
     aws = AwsBackend("dev")
     assert not isinstance(aws, FaultInjection) and not isinstance(aws, Progress)
+    assert isinstance(aws, Cancel) and isinstance(local, Cancel)
     assert isinstance(ReclaimingBackend(None, "b", []), FaultInjection)
     assert not isinstance(ScriptedBackend(None, "b", []), FaultInjection)
 
