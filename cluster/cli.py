@@ -418,7 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return a.command_fn(a)
     except UsageError as e:
         parser.exit(EXIT_USAGE, f"{a.command}: error: {e}\n")
-    except (BackendError, PlanError) as e:
+    except PlanError as e:  # an unknown stack or a bad stack file: bad input
+        print(f"{a.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BackendError as e:
         print(f"{a.command}: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
