@@ -133,7 +133,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--model", choices=MODELS, default=None, help="the demo task's model (default mlp)")
     train.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
     train.add_argument("--checkpoint-every", type=int, default=25,
-                       help="steps between checkpoints (default 25)")
+                       help="steps between checkpoints (default 25); 0: no periodic checkpoints, only the "
+                            "one at the end and the one a stop (SIGTERM, a reclaim) writes, so a job that "
+                            "crashes starts over from step 0")
     train.add_argument("--elastic", action="store_true",
                        help="elastic Horovod: a discovery script lists the live hosts, training goes on "
                             "with the survivors and lets a returning host rejoin")
@@ -219,8 +221,8 @@ def check_args(a: argparse.Namespace) -> None:
             problems.append("--isolation: local backend only")
     elif a.stack:
         problems.append("--stack: only with --backend aws")
-    try:
-        JobSpec(name=job_name_of(a), num_hosts=a.hosts)
+    try:  # the name alone: --hosts is checked above, in its own words
+        JobSpec(name=job_name_of(a), num_hosts=1)
     except ValueError as e:
         problems.append(f"--job-name: {e}")
     if a.trainer_args and a.trainer_args[0] != "--":
