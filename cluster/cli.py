@@ -239,8 +239,6 @@ def check_args(a: argparse.Namespace) -> None:
 def check_trainer_args(job: JobSpec) -> None:
     """Validate the trainer's arguments here, before anything is stood up (the trainer's own parser
     and checks are pure). Without it a typo would cost a cluster start and come back as exit 2."""
-    if importlib.util.find_spec("train.config") is None:
-        return  # the trainer is checked by check_environment
     from train.config import parse_args
     from train.errors import BadInput
 
@@ -312,9 +310,6 @@ def options_from_args(a: argparse.Namespace) -> FlowOptions:
 
 def make_backend(a: argparse.Namespace) -> Backend:
     if a.backend == "aws":
-        if importlib.util.find_spec("cluster.aws.backend") is None:
-            raise BackendError("the AWS backend (cluster/aws/backend.py) is not in this checkout; "
-                               "use --backend local")
         from cluster.aws.backend import AwsBackend  # imported lazily: needs pulumi and boto3 only then
 
         return AwsBackend(stack=a.stack)
@@ -330,7 +325,7 @@ def make_backend(a: argparse.Namespace) -> Backend:
 
 
 def check_environment(backend: str) -> None:
-    missing = [m for m in ("horovod", "torch", "train") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("horovod", "torch") if importlib.util.find_spec(m) is None]
     if backend == "local":
         if shutil.which("horovodrun") is None and importlib.util.find_spec("horovod.runner") is None:
             missing.append("horovodrun")
