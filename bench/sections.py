@@ -52,16 +52,9 @@ def object_store():
     from cluster.local.objectstore import ObjectStore
 
     with ObjectStore() as store:
-        lowest_priority(store_pid(store))
+        lowest_priority(store.pid)
         store.client().create_bucket(Bucket=STORE_BUCKET)
         yield store
-
-
-def store_pid(store) -> int:
-    proc = getattr(store, "_proc", None)  # ObjectStore keeps its server's Popen here
-    if proc is None:
-        raise BenchError("cannot find the object store's server process")
-    return proc.pid
 
 
 @dataclass(frozen=True)
@@ -285,7 +278,7 @@ def stall_section(plan: Plan, progress: Progress) -> dict:
     sizes = []
     with object_store() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
         client = store.client()
-        store_proc = psutil.Process(store_pid(store))
+        store_proc = psutil.Process(store.pid)
         for layout, size in ((lay, z) for lay in plan.stall_layouts for z in plan.stall_sizes):
             width, every, shape = size.width, size.every, size.shape(layout.workers)
             profiled = size.profiled()
