@@ -8,7 +8,6 @@
     ringtrain submit --stack dev --job-name j --hosts 2 -- --steps 1000   an MPIJob on the stack
     ringtrain logs --stack dev --job j           a submitted job's output
     ringtrain data pack images --src photos/ --out s3://b/datasets/photos   your data as shards
-    ringtrain bench --quick                      the benchmarks (`python -m bench`)
 
 `ringtrain COMMAND --help` says more about each. `python -m cluster` is the same command.
 """
@@ -55,8 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_passthrough(sub, "data", "datasets: generate the demo's, pack your own (python -m train.data)",
                     "ringtrain data generate --out /tmp/ds --shards 4 --samples-per-shard 1024",
                     _data_main)
-    add_passthrough(sub, "bench", "the benchmarks: ratios measured interleaved in one run (python -m bench)",
-                    "ringtrain bench --quick\n  ringtrain bench --sections headline", _bench_main)
     return p
 
 
@@ -72,12 +69,6 @@ def _data_main(argv: list[str]) -> int:
     from train.data import main
 
     return main(argv, prog="ringtrain data")
-
-
-def _bench_main(argv: list[str]) -> int:
-    from bench.__main__ import main
-
-    return main(argv, prog="ringtrain bench")
 
 
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
@@ -408,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a, rest = parser.parse_known_args(argv)
     if a.command_fn is None:
-        return a.passthrough(rest)   # data, bench: their own parsers take the rest, --help included
+        return a.passthrough(rest)   # data: its own parser takes the rest, --help included
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
