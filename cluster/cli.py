@@ -146,8 +146,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     fault.add_argument("--no-reclaim", action="store_true", help="do not reclaim any host")
     fault.add_argument("--reclaim-host", default=None,
                        help="host to reclaim, e.g. host-1 (default: the last)")
-    # 30 s: the stop checkpoint of `--task image`'s example (15 MB) took ~8 s at the local store's 2 MB/s
-    # under load. Workers that exit sooner end it sooner; a pod on EKS gets 120 s.
+    # 30 s: room for the stop checkpoint of `--task image`'s example at the local store's rate on a
+    # loaded machine. Workers that exit sooner end it sooner; a pod on EKS gets 120 s.
     fault.add_argument("--reclaim-grace", type=float, default=30.0,
                        help="at most this many seconds between SIGTERM and the host going away; the "
                             "workers' stop checkpoint must be written within it (default 30)")
