@@ -1,5 +1,5 @@
 """`scripts/bench [--quick] [--sections ...]` (`python -m bench` after the setup): run the benchmarks,
-print a table, write JSON."""
+print its figures as bench/RESULTS.md shows them, write JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from bench import checkpoint_throughput, sections, table
+from bench import checkpoint_throughput, report, sections
 from bench import results as results_mod
 from bench.launch import BenchError
 from bench.machine import machine_info, versions
@@ -35,7 +35,7 @@ PROG = "python -m bench"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description="Run the benchmarks (ratios measured "
-                                "interleaved in one run); print a table; write bench/results/<name>.json.",
+                                "interleaved in one run); print them; write bench/results/<name>.json.",
                                 epilog=f"examples: {PROG} --quick    {PROG} --sections headline,recovery")
     p.add_argument("--quick", action="store_true", help="a short smoke run (1 repeat, few steps)")
     p.add_argument("--sections", default=",".join(SECTIONS),
@@ -122,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         previous = None
     doc, kept = results_mod.merge(previous, out)
     path = results_mod.write(doc, args.out, raw=args.raw)
-    print(table.render(out))
+    print(report.markdown(out))   # this run's sections, as bench/RESULTS.md shows them
     print(f"\nwrote {path}" + (f" and {results_mod.raw_path(path)}" if args.raw else ""))
     if kept:
         print(f"kept in {path.name} from earlier runs: {', '.join(kept)}")
     if failed:
-        print(f"bench: failed sections: {', '.join(failed)} (reasons in the table above)", file=sys.stderr)
+        print(f"bench: failed sections: {', '.join(failed)} (reasons above)", file=sys.stderr)
         return 1
     return 0
 

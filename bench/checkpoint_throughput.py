@@ -125,7 +125,6 @@ def measure_size(size: ThroughputSize, endpoint_url: str, bucket: str, tmp: Path
 
 def section(plan, progress: Callable[[str], None]) -> dict:
     """scripts/bench's section: every size of plan.throughput_sizes against one local store."""
-    from bench.table import against
     from train.storage import S3_CONCURRENCY, S3_PART_BYTES
 
     sizes = []
@@ -133,9 +132,10 @@ def section(plan, progress: Callable[[str], None]) -> dict:
             mock.patch.dict(os.environ, store.env()):  # boto3 finds the store's credentials there
         for size in plan.throughput_sizes:
             row = measure_size(size, store.endpoint_url, STORE_BUCKET, Path(tmp), progress)
+            write, restore = (Ratio.from_json(row[d]) for d in ("write", "restore"))
             progress(f"checkpoint throughput {size.size_mb} MB: "
-                     f"write {against(Ratio.from_json(row['write']))}, "
-                     f"restore {against(Ratio.from_json(row['restore']))}")
+                     f"write {write.median:.3f}x ({write.verdict()}), "
+                     f"restore {restore.median:.3f}x ({restore.verdict()})")
             sizes.append(row)
     return {"status": "ok", "target": TARGET, "sizes": sizes,
             "store": f"moto S3 on loopback at {STORE_PRIORITY}, objects on disk "

@@ -1,5 +1,5 @@
 """The figures the sections compute (bench/sections.py, bench/checkpoint_throughput.py) and the
-renderers read (bench/table.py, bench/report.py), as types. Each writes itself into the results file
+report reads (bench/report.py), as types. Each writes itself into the results file
 with `to_json` and is read back with `from_json`, which also reads the results of earlier runs (what
 a type computes, such as a ratio's median and verdict, is computed again, not trusted)."""
 

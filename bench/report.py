@@ -20,7 +20,6 @@ from bench.figures import Ratio, Recovery, StallRow, Transfer
 from bench.reading import fill
 from bench.results import RESULTS_DIR, measured_by
 from bench.stats import median_interval
-from bench.table import ms_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
@@ -51,6 +50,11 @@ def _median_range(values: list[float], scale: float = 1.0) -> str:
 def _counts(values: Sequence[int] | None) -> str:
     """Comma-separated counts; a dash where results predate the figure."""
     return "–" if values is None else ", ".join(str(v) for v in values)
+
+
+def ms_interval(interval: tuple[float, float] | None) -> str:
+    """' (low to high)' in milliseconds after a figure; '' where there is no interval."""
+    return "" if interval is None else f" ({interval[0] * 1e3:.1f} to {interval[1] * 1e3:.1f})"
 
 
 def _ms(seconds: float | None, sign: str = "") -> str:

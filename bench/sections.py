@@ -26,7 +26,6 @@ from bench.neighbour import neighbour_slowdown
 from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
 from bench.shard_read import ReadShape
 from bench.stats import median, paired_ratios
-from bench.table import ms_interval
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations
 from infra.storage_layout import checkpoint_key_prefix
 from train.summary import RunSummary
@@ -369,8 +368,7 @@ def stall_progress(row: StallRow) -> str:
                 f"costing {n.cost_of_writer_cpu_s * 1e3:.2f} ms, "
                 f"the store's {n.cost_of_store_cpu_s * 1e3:.2f} ms")
     return (f"checkpoint stall: {row.layout}, mlp width {row.width}: {row.checkpoint_bytes / 1e6:.1f} MB, "
-            f"lost per checkpoint {row.lost_per_checkpoint_s * 1e3:.1f} ms"
-            f"{ms_interval(row.lost_interval_s)}, "
+            f"lost per checkpoint {row.lost_per_checkpoint_s * 1e3:.1f} ms ({row.verdict()}), "
             f"the same estimate without checkpoints {row.null_lost_per_checkpoint_s * 1e3:.1f} ms "
             f"(longest write {max(row.write_max_s) * 1e3:.0f} ms"
             f"{'' if row.write_within_after else ', longer than 4/5 of an interval'}; without-checkpoints "
