@@ -1,4 +1,4 @@
-"""The printed table, the command line, and the settings each contender runs with."""
+"""What a run prints, the command line, and the settings each contender runs with."""
 
 import json
 import subprocess
