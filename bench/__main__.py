@@ -1,5 +1,5 @@
-"""`ringtrain bench [--quick] [--sections ...]` (or `python -m bench`): run the benchmarks, print a table,
-write JSON."""
+"""`scripts/bench [--quick] [--sections ...]` (`python -m bench` after the setup): run the benchmarks,
+print its figures as bench/RESULTS.md shows them, write JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from bench import checkpoint_throughput, sections, table
+from bench import checkpoint_throughput, report, sections
 from bench import results as results_mod
 from bench.launch import BenchError
 from bench.machine import machine_info, versions
@@ -30,10 +30,13 @@ SECTIONS = {
 }
 
 
-def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog, description="Run the benchmarks (ratios measured "
-                                "interleaved in one run); print a table; write bench/results/<name>.json.",
-                                epilog=f"examples: {prog} --quick    {prog} --sections headline,recovery")
+PROG = "python -m bench"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description="Run the benchmarks (ratios measured "
+                                "interleaved in one run); print them; write bench/results/<name>.json.",
+                                epilog=f"examples: {PROG} --quick    {PROG} --sections headline,recovery")
     p.add_argument("--quick", action="store_true", help="a short smoke run (1 repeat, few steps)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all); the results "
@@ -74,8 +77,8 @@ def plan_for(args: argparse.Namespace) -> sections.Plan:
                                                       for z in plan.throughput_sizes))
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
-    args = parse_args(argv, prog)
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     plan = plan_for(args)
 
     def progress(msg: str) -> None:
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     out = {
         "schema_version": results_mod.SCHEMA_VERSION,
         "name": args.name,
-        "command": f"{prog} {shlex.join(argv if argv is not None else sys.argv[1:])}".strip(),
+        "command": f"{PROG} {shlex.join(argv if argv is not None else sys.argv[1:])}".strip(),
         "quick": args.quick,
         "started_at": _now(),
         "finished_at": "",
@@ -119,12 +122,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         previous = None
     doc, kept = results_mod.merge(previous, out)
     path = results_mod.write(doc, args.out, raw=args.raw)
-    print(table.render(out))
+    print(report.markdown(out))   # this run's sections, as bench/RESULTS.md shows them
     print(f"\nwrote {path}" + (f" and {results_mod.raw_path(path)}" if args.raw else ""))
     if kept:
         print(f"kept in {path.name} from earlier runs: {', '.join(kept)}")
     if failed:
-        print(f"bench: failed sections: {', '.join(failed)} (reasons in the table above)", file=sys.stderr)
+        print(f"bench: failed sections: {', '.join(failed)} (reasons above)", file=sys.stderr)
         return 1
     return 0
 

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
-from bench.sections import STORE_BUCKET, STORE_PRIORITY, ThroughputSize, against_target, object_store
-from bench.stats import median, paired_ratios
+from bench.figures import Ratio, Transfer
+from bench.sections import STORE_BUCKET, STORE_PRIORITY, ThroughputSize, object_store
+from bench.stats import paired_ratios
 
 TARGET = 0.8
 SIDES = ("ours", "bare")
@@ -38,12 +39,10 @@ def order(repeat: int) -> tuple[str, str]:
     return SIDES if repeat % 2 == 0 else SIDES[::-1]
 
 
-def ratio_figures(bare_s: list[float], ours_s: list[float], nbytes: int) -> dict:
+def transfer(bare_s: list[float], ours_s: list[float], nbytes: int) -> Transfer:
     """Pure: one direction (write or restore) of one size, from its paired times in seconds: the
-    per-repeat ratios bare time / our time (our share of the bare transfer's rate) against TARGET,
-    and both sides' median rates."""
-    return {**against_target(paired_ratios(bare_s, ours_s), TARGET), "ours_s": ours_s, "bare_s": bare_s,
-            "ours_mb_s": nbytes / median(ours_s) / 1e6, "bare_mb_s": nbytes / median(bare_s) / 1e6}
+    per-repeat ratios bare time / our time (our share of the bare transfer's rate) against TARGET."""
+    return Transfer(tuple(ours_s), tuple(bare_s), nbytes, Ratio.of(paired_ratios(bare_s, ours_s), TARGET))
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -120,13 +119,12 @@ def measure_size(size: ThroughputSize, endpoint_url: str, bucket: str, tmp: Path
     ours.store.delete_many([*ours.store.list()])
     client.delete_object(Bucket=bucket, Key=bare_key)
     return {"size_mb": size.size_mb, "bytes": nbytes, "repeats": size.repeats,
-            "write": ratio_figures(times["write"]["bare"], times["write"]["ours"], nbytes),
-            "restore": ratio_figures(times["restore"]["bare"], times["restore"]["ours"], nbytes)}
+            "write": transfer(times["write"]["bare"], times["write"]["ours"], nbytes).to_json(),
+            "restore": transfer(times["restore"]["bare"], times["restore"]["ours"], nbytes).to_json()}
 
 
 def section(plan, progress: Callable[[str], None]) -> dict:
     """scripts/bench's section: every size of plan.throughput_sizes against one local store."""
-    from bench.table import against
     from train.storage import S3_CONCURRENCY, S3_PART_BYTES
 
     sizes = []
@@ -134,8 +132,10 @@ def section(plan, progress: Callable[[str], None]) -> dict:
             mock.patch.dict(os.environ, store.env()):  # boto3 finds the store's credentials there
         for size in plan.throughput_sizes:
             row = measure_size(size, store.endpoint_url, STORE_BUCKET, Path(tmp), progress)
-            progress(f"checkpoint throughput {size.size_mb} MB: write {against(row['write'])}, "
-                     f"restore {against(row['restore'])}")
+            write, restore = (Ratio.from_json(row[d]) for d in ("write", "restore"))
+            progress(f"checkpoint throughput {size.size_mb} MB: "
+                     f"write {write.median:.3f}x ({write.verdict()}), "
+                     f"restore {restore.median:.3f}x ({restore.verdict()})")
             sizes.append(row)
     return {"status": "ok", "target": TARGET, "sizes": sizes,
             "store": f"moto S3 on loopback at {STORE_PRIORITY}, objects on disk "

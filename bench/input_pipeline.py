@@ -81,7 +81,7 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
                 if got >= n:
                     break
             rate = got / (time.perf_counter() - t)
-            # the batches the worker prefetched past the window (2, ~0.1 s of decoding) must not
+            # the batches the worker prefetched past the window (2) must not
             # overlap the next run
             time.sleep(SETTLE_S)
             return {"samples_per_sec": rate}

@@ -22,7 +22,3 @@ def build(model: str, width: int) -> nn.Module:
 
 def batch(seed: int, rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return synthetic_batch(seed, rank, batch_size)
-
-
-def parameter_bytes(model: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -13,11 +13,13 @@ import json
 import re
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from bench.figures import Ratio, Recovery, StallRow, Transfer
+from bench.reading import fill
 from bench.results import RESULTS_DIR, measured_by
 from bench.stats import median_interval
-from bench.table import ms_interval, stall_verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
@@ -30,10 +32,11 @@ README_END = "<!-- bench.report: end -->"
 
 
 def _x(v: float) -> str:
-    return f"{v:.2f}×"
+    """A ratio checked against a target: three decimals, so 0.966 does not read as a met 0.97."""
+    return f"{v:.3f}×"
 
 
-def _ms_list(values: list[float] | None) -> str:
+def _ms_list(values: Sequence[float] | None) -> str:
     """Seconds as comma-separated milliseconds; a dash where results predate the figure."""
     return "–" if values is None else ", ".join(f"{v * 1e3:.0f}" for v in values) + " ms"
 
@@ -44,49 +47,23 @@ def _median_range(values: list[float], scale: float = 1.0) -> str:
     return f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
 
 
-def _counts(values: list[int] | None) -> str:
+def _counts(values: Sequence[int] | None) -> str:
     """Comma-separated counts; a dash where results predate the figure."""
     return "–" if values is None else ", ".join(str(v) for v in values)
 
 
-def _busy_core_table(sizes: list[dict]) -> list[str]:
-    """With a core to spare: what the checkpoint's CPU work on that core costs the training step."""
-    rows = [z for z in sizes if z.get("neighbour")]
-    if not rows:
-        return []
-    out = [
-        "What a checkpoint's work on the spare core costs the step (1 worker): the stall model's step "
-        "timed in one process, in blocks alternating with a neighbour process doing a checkpoint's "
-        "CPU work (serialization and sha256 of a state of that size, in a loop, at nice 19) stopped "
-        "and running (`bench/neighbour.py`); that slowdown, times the CPU time per checkpoint of the "
-        "trainer's writer process and of the local S3 store's server (which on AWS runs on S3's "
-        "machines), is the part of the loss that comes from sharing the machine:",
-        "",
-        "| checkpoint | the step with the spare core busy | writer CPU per checkpoint | its cost to the step "
-        "| store CPU per checkpoint | its cost to the step | first step after it | lost per checkpoint |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for z in rows:
-        n = z["neighbour"]
-        low, high = n["interval"] or (None, None)
-        spread = f" ({(low - 1) * 100:+.1f} to {(high - 1) * 100:+.1f} %)" if low is not None else ""
-        out.append(f"| {z['checkpoint_bytes'] / 1e6:.1f} MB | {(n['ratio'] - 1) * 100:+.1f} %{spread} | "
-                   f"{z['writer_cpu_per_checkpoint_s'] * 1e3:.1f} ms | "
-                   f"{n['cost_of_writer_cpu_s'] * 1e3:.2f} ms | "
-                   f"{z['store_cpu_per_checkpoint_s'] * 1e3:.1f} ms | "
-                   f"{n['cost_of_store_cpu_s'] * 1e3:.2f} ms | +{z['first_step_excess_s'] * 1e3:.1f} ms | "
-                   f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms |")
-    return [*out, ""]
+def ms_interval(interval: tuple[float, float] | None) -> str:
+    """' (low to high)' in milliseconds after a figure; '' where there is no interval."""
+    return "" if interval is None else f" ({interval[0] * 1e3:.1f} to {interval[1] * 1e3:.1f})"
 
 
-def _x_target(v: float) -> str:
-    """A ratio checked against a target: three decimals, so 0.966 does not read as a met 0.97."""
-    return f"{v:.3f}×"
+def _ms(seconds: float | None, sign: str = "") -> str:
+    return "–" if seconds is None else f"{seconds * 1e3:{sign}.1f} ms"
 
 
-def _interval(per_repeat: list[float]) -> str:
+def _interval(r: Ratio) -> str:
     """The median's distribution-free interval of at least 95 % (bench.stats.median_interval)."""
-    ci = median_interval(per_repeat)
+    ci = r.interval
     return "– (too few repeats)" if ci is None else f"{ci.low:.3f}–{ci.high:.3f}"
 
 
@@ -117,11 +94,63 @@ def _settings(cfg: dict) -> str:
     return ", ".join(words)
 
 
-def markdown(r: dict) -> str:
-    m, v, s = r["machine"], r["versions"], r["sections"]
-    h = s.get("headline", {})
+def _repeats(n: int) -> str:
+    return f"{n} repeat{'s' if n != 1 else ''}"
+
+
+def _section_load(sec: dict) -> str:
+    """'; load average a to b during it', from the section's own record; '' for older results."""
+    m = sec.get("measured")
+    if not m or not m.get("load_avg_end"):
+        return ""
+    return f"; load average {m['load_avg'][0]:.1f} to {m['load_avg_end'][0]:.1f} during it"
+
+
+def _marked(verdict: str) -> str:
+    """A verdict (bench.figures.verdict) with 'not met' in bold, to be seen in a table."""
+    return verdict.replace("not met", "**not met**")
+
+
+def target_words(r: Ratio) -> str:
+    """'≥ 0.97: met', '≥ 0.97: met (undecided)', ...; '' without a target."""
+    return "" if r.target is None else f"≥ {r.target}: {_marked(r.verdict())}"
+
+
+def _ratio_row(label: str, num: float, den: float, r: Ratio, unit: str = "", fmt: str = ".0f",
+               note: str | None = None) -> str:
+    """A table row: the two medians (with their `unit`), the median of the per-repeat ratios,
+    its interval and its target."""
+    return (f"| {label} | {num:{fmt}} / {den:{fmt}}{unit} | {_x(r.median)} | "
+            f"{_interval(r)} | {target_words(r) if note is None else note} |")
+
+
+RATIO_TABLE = ["| contender | median samples/s | ratio | 95 % interval of the ratio | target |",
+               "|---|---:|---:|---|---|"]
+
+
+def _peer_rows(sec: dict) -> list[str]:
+    """The trainer, the bare Horovod loop and DDP against each other (the headline, the image task)."""
+    c = sec["comparison"]["contenders"]
+    peer = {name: Ratio.from_json(v) for name, v in sec["peer"].items()}
+    pinned = {name: Ratio.from_json(v) for name, v in sec.get("peer_pinned", {}).items()}
+    rows = [_ratio_row("trainer / bare Horovod loop", c["trainer"]["median"], c["bare-hvd"]["median"],
+                       Ratio.from_json(sec["efficiency"])),
+            _ratio_row("trainer / torch DDP (Gloo)", c["trainer"]["median"], c["ddp"]["median"],
+                       peer["trainer"]),
+            _ratio_row("bare Horovod / torch DDP", c["bare-hvd"]["median"], c["ddp"]["median"],
+                       Ratio.of(peer["bare-hvd"].per_repeat))]   # no target (older results had one)
+    if "ddp-pin" in c:
+        rows += [_ratio_row(label, c[name]["median"], c["ddp-pin"]["median"], pinned[name],
+                            note="like with like; no target")
+                 for name, label in (("trainer", "trainer / DDP pinned like the trainer"),
+                                     ("bare-hvd", "bare Horovod / DDP pinned alike")) if name in pinned]
+    return rows
+
+
+def _header(r: dict) -> list[str]:
+    m, v, h = r["machine"], r["versions"], r["sections"].get("headline", {})
     ranks = _interval_ranks(h["comparison"]["repeats"]) if h.get("status") == "ok" else ""
-    out = [
+    return [
         "## Performance",
         "",
         f"Measured with {_measured_by(r)} on {m['cores']} cores "
@@ -134,137 +163,226 @@ def markdown(r: dict) -> str:
         "ratios, and the per-repeat spread in the JSON. The 95 % interval of a ratio is distribution-free "
         "(from the order of the per-repeat ratios: the k-th smallest to the k-th largest, with k from "
         f"the binomial distribution{ranks}): the median "
-        "of a much longer series lies inside it with that probability.",
+        "of a much longer series lies inside it with that probability. A target is met or not by the "
+        "median; undecided where the interval holds both sides of it.",
         "",
     ]
-    if h.get("status") == "ok":
-        c = h["comparison"]["contenders"]
-        cfg = c["trainer"]["config"]
-        e, p = h["efficiency"], h["peer"]
-        out += [
-            f"**Trainer efficiency and peer comparison** ({cfg['model']} width {cfg['width']}, batch "
-            f"{cfg['batch_size']} per worker, {cfg['workers']} workers, "
-            f"{h['comparison']['repeats']} repeats; "
-            f"{h['window']}; the trainer checkpoints every {cfg['checkpoint_every']} steps to the local S3 "
-            f"store ({cfg['checkpoints_in_window']} due inside the window) and writes its metrics "
-            f"file; the trainer runs with its own defaults, the bare Horovod loop with the same settings "
-            f"({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one torch thread per "
-            "worker):",
-            "",
-            "| contender | median samples/s | ratio | 95 % interval of the ratio | target |",
-            "|---|---:|---:|---|---|",
-            f"| trainer / bare Horovod loop | {c['trainer']['median']:.0f} / {c['bare-hvd']['median']:.0f} | "
-            f"{_x_target(e['trainer_vs_bare_hvd'])} | {_interval(e['per_repeat'])} | "
-            f"≥ 0.97: {'met' if e['met'] else '**not met**'} |",
-            f"| trainer / torch DDP (Gloo) | {c['trainer']['median']:.0f} / {c['ddp']['median']:.0f} | "
-            f"{_x_target(p['trainer']['median'])} | {_interval(p['trainer']['per_repeat'])} | "
-            f"≥ 1.0: {'met' if p['trainer']['met'] else '**not met**'} |",
-            f"| bare Horovod / torch DDP | {c['bare-hvd']['median']:.0f} / {c['ddp']['median']:.0f} | "
-            f"{_x(p['bare-hvd']['median'])} | {_interval(p['bare-hvd']['per_repeat'])} | |",
-        ]
-        pp = h.get("peer_pinned")
-        if pp and "ddp-pin" in c:
-            out += [
-                f"| trainer / DDP pinned like the trainer | {c['trainer']['median']:.0f} / "
-                f"{c['ddp-pin']['median']:.0f} | {_x(pp['trainer']['median'])} | "
-                f"{_interval(pp['trainer']['per_repeat'])} | like with like; no target |",
-                f"| bare Horovod / DDP pinned alike | {c['bare-hvd']['median']:.0f} / "
-                f"{c['ddp-pin']['median']:.0f} | {_x(pp['bare-hvd']['median'])} | "
-                f"{_interval(pp['bare-hvd']['per_repeat'])} | |",
-            ]
-        out += [""]
-        tc = h.get("trainer_checkpoints")
-        if tc:
-            out += [f"The trainer's checkpoints per run, median (range): {_median_range(tc['written'])} "
-                    f"written (the final one, after the window, included), "
-                    f"{_median_range(tc['deferred'])} deferred past their step while the previous write "
-                    f"went on; longest write {_median_range(tc['write_max_s'], 1e3)} ms.", ""]
-    st = s.get("peer_study", {})
-    if st.get("status") == "ok":
-        comp = st["comparison"]
-        shape = comp["contenders"]["ddp"]["config"]
-        out += [
-            f"**Horovod tuning study** (bare loops, {shape.get('steps', '?')} timed steps, "
-            f"{comp['repeats']} repeats; "
-            "each Horovod setting's ratio to DDP as torchrun starts it, i.e. one torch thread per worker "
-            "and no pinning; `pin`: each worker's threads pinned to a core of its own; `groups1`: "
-            "DistributedOptimizer(groups=1), one allreduce of all gradients per step):",
-            "",
-            "| contender | median samples/s | ratio to DDP | per repeat |",
-            "|---|---:|---:|---|",
-        ]
-        for name, cc in comp["contenders"].items():
-            if name == comp["baseline"]:
-                continue
-            rr = comp["ratios"][name]
-            out.append(f"| {name} | {cc['median']:.0f} | {_x(rr['median'])} | "
-                       f"{', '.join(f'{x:.2f}' for x in rr['per_repeat'])} |")
-        out += [f"| (DDP) | {comp['contenders']['ddp']['median']:.0f} | 1.00× | |", ""]
-    ck = s.get("checkpoint_stall", {})
-    if ck.get("status") == "ok":
-        out += [
-            "**Checkpoint stall** (trainer, MLP of growing width, a checkpoint every N steps "
-            f"to the local S3 store, every step timed, {ck['repeats']} repeats; training time lost per "
-            "checkpoint = the steps after it that cover the longest write (at least half the interval) "
-            "minus as many steps at the mean of the rest of the interval, median over all checkpoints "
-            "with its 95 % interval; target below one step, decided where the interval lies on one "
-            "side of it. The same estimate over the runs without checkpoints, at the same steps, is "
-            "what the method reads where nothing was written. Cross-check: the same trainer without "
-            "checkpoints, interleaved, difference of the timed windows per checkpoint. With 2 workers on "
-            "the 2 cores, the writer and the moto server can only take their CPU from training; with "
-            "1 worker of 1 thread there is a core to spare, as on a GPU node, and what is left is what "
-            "the training process itself pays):",
-            "",
-            "| layout | checkpoint | every N steps | checkpoints measured | one step | first step after it "
-            "| lost per checkpoint (95 % interval) | in steps | verdict | the same estimate without "
-            "checkpoints | longest write | cross-check per repeat "
-            "| waited for the previous write (per run) | deferred (per run) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|",
-        ]
-        for z in ck["sizes"]:
-            per = ", ".join(f"{x * 1e3:.1f}" for x in z.get("ab_lost_per_repeat_s", []))
-            write = max(z.get("write_max_s") or [0.0])
-            null = z.get("null_lost_per_checkpoint_s")
-            out.append(f"| {z.get('layout', '')} | {z['checkpoint_bytes'] / 1e6:.1f} MB | "
-                       f"{z.get('every', ck.get('every'))} | {z.get('checkpoints_measured', '–')} | "
-                       f"{z['baseline_step_s'] * 1e3:.1f} ms | "
-                       f"+{z['first_step_excess_s'] * 1e3:.1f} ms | "
-                       f"{z['lost_per_checkpoint_s'] * 1e3:.1f} ms{ms_interval(z.get('lost_interval_s'))} | "
-                       f"{z['lost_in_steps']:.2f} | "
-                       f"{stall_verdict(z)} | {'–' if null is None else f'{null * 1e3:.1f} ms'} | "
-                       f"{write * 1e3:.0f} ms | {per} ms | {_ms_list(z.get('writer_wait_s'))} | "
-                       f"{_counts(z.get('checkpoints_deferred'))} |")
-        out.append("")
-        out += _busy_core_table(ck["sizes"])
-    rc = s.get("recovery", {})
-    if rc.get("status") == "ok":
-        out += [
-            f"**Recovery** (local cluster, {rc['job']['hosts']} hosts, one reclaimed spot-style at step "
+
+
+def _headline_block(h: dict) -> list[str]:
+    c = h["comparison"]["contenders"]
+    cfg = c["trainer"]["config"]
+    out = [
+        f"**Trainer efficiency and peer comparison** ({cfg['model']} width {cfg['width']}, batch "
+        f"{cfg['batch_size']} per worker, {cfg['workers']} workers, {_repeats(h['comparison']['repeats'])}; "
+        f"{h['window']}; the trainer checkpoints every {cfg['checkpoint_every']} steps to the local S3 "
+        f"store ({cfg['checkpoints_in_window']} due inside the window) and writes its metrics "
+        f"file; the trainer runs with its own defaults, the bare Horovod loop with the same settings "
+        f"({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one torch thread per "
+        "worker):",
+        "", *RATIO_TABLE, *_peer_rows(h), "",
+    ]
+    tc = h.get("trainer_checkpoints")
+    if tc:
+        out += [f"The trainer's checkpoints per run, median (range): {_median_range(tc['written'])} "
+                f"written (the final one, after the window, included), "
+                f"{_median_range(tc['deferred'])} deferred past their step while the previous write "
+                f"went on; longest write {_median_range(tc['write_max_s'], 1e3)} ms.", ""]
+    return out
+
+
+def _study_block(st: dict) -> list[str]:
+    comp = st["comparison"]
+    shape = comp["contenders"]["ddp"]["config"]
+    out = [
+        f"**Horovod tuning study** (bare loops, {shape.get('steps', '?')} timed steps, "
+        f"{_repeats(comp['repeats'])}; "
+        "each Horovod setting's ratio to DDP as torchrun starts it, i.e. one torch thread per worker "
+        "and no pinning; `pin`: each worker's threads pinned to a core of its own; `groups1`: "
+        "DistributedOptimizer(groups=1), one allreduce of all gradients per step):",
+        "",
+        "| contender | median samples/s | ratio to DDP | per repeat |",
+        "|---|---:|---:|---|",
+    ]
+    for name, cc in comp["contenders"].items():
+        if name == comp["baseline"]:
+            continue
+        rr = comp["ratios"][name]
+        out.append(f"| {name} | {cc['median']:.0f} | {rr['median']:.2f}× | "
+                   f"{', '.join(f'{x:.2f}' for x in rr['per_repeat'])} |")
+    return [*out, f"| (DDP) | {comp['contenders']['ddp']['median']:.0f} | 1.00× | |", ""]
+
+
+STALL_INTRO = (
+    "**Checkpoint stall** (trainer, MLP of growing width, a checkpoint every N steps "
+    "to the local S3 store, every step timed, {repeats}; training time lost per "
+    "checkpoint = the steps after it that cover the longest write (at least half the interval) "
+    "minus as many steps at the mean of the rest of the interval, median over all checkpoints "
+    "with its 95 % interval; target below one step, decided where the interval lies on one "
+    "side of it. The same estimate over the runs without checkpoints, at the same steps, is "
+    "what the method reads where nothing was written. Cross-check: the same trainer without "
+    "checkpoints, interleaved, difference of the timed windows per checkpoint. With 2 workers on "
+    "the 2 cores, the writer and the moto server can only take their CPU from training; with "
+    "1 worker of 1 thread there is a core to spare, as on a GPU node, and what is left is what "
+    "the training process itself pays):")
+
+
+def _stall_block(ck: dict) -> list[str]:
+    rows = [StallRow.from_json(z) for z in ck["sizes"]]
+    out = [
+        STALL_INTRO.format(repeats=_repeats(ck["repeats"])),
+        "",
+        "| layout | checkpoint | every N steps | checkpoints measured | one step | first step after it "
+        "| lost per checkpoint (95 % interval) | in steps | < 1 step | the same estimate without "
+        "checkpoints | longest write | cross-check per repeat "
+        "| waited for the previous write (per run) | deferred (per run) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---|",
+    ]
+    for z in rows:
+        per = ", ".join(f"{x * 1e3:.1f}" for x in z.ab_lost_per_repeat_s)
+        out.append(f"| {z.layout} | {z.checkpoint_bytes / 1e6:.1f} MB | {z.every or ck.get('every')} | "
+                   f"{z.checkpoints_measured or '–'} | {z.baseline_step_s * 1e3:.1f} ms | "
+                   f"{_ms(z.first_step_excess_s, '+')} | "
+                   f"{z.lost_per_checkpoint_s * 1e3:.1f} ms{ms_interval(z.lost_interval_s)} | "
+                   f"{z.lost_in_steps:.2f} | {_marked(z.verdict())} | {_ms(z.null_lost_per_checkpoint_s)} | "
+                   f"{max(z.write_max_s or [0.0]) * 1e3:.0f} ms | {per} ms | {_ms_list(z.writer_wait_s)} | "
+                   f"{_counts(z.checkpoints_deferred)} |")
+    return [*out, "", *_busy_core_table(rows)]
+
+
+def _busy_core_table(rows: list[StallRow]) -> list[str]:
+    """With a core to spare: what the checkpoint's CPU work on that core costs the training step."""
+    rows = [z for z in rows if z.neighbour is not None]
+    if not rows:
+        return []
+    out = [
+        "What a checkpoint's work on the spare core costs the step (1 worker): the stall model's step "
+        "timed in one process, in blocks alternating with a neighbour process doing a checkpoint's "
+        "CPU work (serialization and sha256 of a state of that size, in a loop, at nice 19) stopped "
+        "and running (`bench/neighbour.py`); that slowdown, times the CPU time per checkpoint of the "
+        "trainer's writer process and of the local S3 store's server (which on AWS runs on S3's "
+        "machines), is the part of the loss that comes from sharing the machine:",
+        "",
+        "| checkpoint | the step with the spare core busy | writer CPU per checkpoint | its cost to the step "
+        "| store CPU per checkpoint | its cost to the step | first step after it | lost per checkpoint |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for z in rows:
+        n = z.neighbour
+        spread = "" if n.interval is None else \
+            f" ({(n.interval[0] - 1) * 100:+.1f} to {(n.interval[1] - 1) * 100:+.1f} %)"
+        out.append(f"| {z.checkpoint_bytes / 1e6:.1f} MB | {(n.ratio - 1) * 100:+.1f} %{spread} | "
+                   f"{_ms(z.writer_cpu_per_checkpoint_s)} | {n.cost_of_writer_cpu_s * 1e3:.2f} ms | "
+                   f"{_ms(z.store_cpu_per_checkpoint_s)} | {n.cost_of_store_cpu_s * 1e3:.2f} ms | "
+                   f"{_ms(z.first_step_excess_s, '+')} | {z.lost_per_checkpoint_s * 1e3:.1f} ms |")
+    return [*out, ""]
+
+
+def _recovery_block(rc: dict) -> list[str]:
+    r = Recovery.from_json(rc)
+    resubmitted = "" if r.sigterm_to_resubmitted_s is None else \
+        f" (the flow resubmitted after {r.sigterm_to_resubmitted_s:.1f} s)"
+    return [f"**Recovery** (local cluster, {rc['job']['hosts']} hosts, one reclaimed spot-style at step "
             f"{rc['job']['reclaim_at_step']}): SIGTERM to training resumed "
-            f"**{rc['sigterm_to_resumed_s']:.1f} s** (the flow resubmitted after "
-            f"{rc['sigterm_to_resubmitted_s']:.1f} s); steps of work lost: **{rc['steps_lost']}** "
-            f"(stopped at step {rc['interrupted_at_step']} after a SIGTERM checkpoint, resumed from "
-            f"{rc['resumed_from_step']}).",
-            "",
-        ]
-    pt = s.get("plan_time", {})
-    if pt.get("status") == "ok":
-        stacks = pt["figures"].get("stacks", {})
-        plans = [f"{name} {f['plan_wall_median_s']:.2f} s wall / {f['plan_cpu_median_s']:.2f} s CPU"
-                 for name, f in stacks.items() if "plan_wall_median_s" in f]
-        if plans:
-            out += [f"**Plan time** (`scripts/plan`, from the config and the catalog): {'; '.join(plans)}.",
-                    ""]
-        rows = [f"{name} {f['resources']} resources: cold {f['cold_wall_median_s']:.2f} s wall / "
-                f"{f['cold_cpu_median_s']:.2f} s CPU, warm {f['warm_median_s']:.2f} s"
-                for name, f in stacks.items()]
-        out += [f"**The Pulumi program under mocks** (as the infra tests run it, tests/infra/harness.py): "
-                f"{'; '.join(rows)}.", ""]
-    out += _image_task_block(s.get("image_task", {}))
-    out += _input_pipeline_block(s.get("shard_read", {}), s.get("input_pipeline", {}))
-    out += _checkpoint_throughput_block(s.get("checkpoint_throughput", {}))
+            f"**{r.sigterm_to_resumed_s:.1f} s**{resubmitted}; steps of work lost: **{r.steps_lost}** "
+            f"(stopped at step {r.interrupted_at_step} after a SIGTERM checkpoint, resumed from "
+            f"{r.resumed_from_step}).", ""]
+
+
+def _plan_time_block(pt: dict) -> list[str]:
+    stacks = pt["figures"].get("stacks", {})
+    out = []
+    plans = [f"{name} {f['plan_wall_median_s']:.2f} s wall / {f['plan_cpu_median_s']:.2f} s CPU"
+             for name, f in stacks.items() if "plan_wall_median_s" in f]
+    if plans:
+        out += [f"**Plan time** (`scripts/plan`, from the config and the catalog): {'; '.join(plans)}.", ""]
+    rows = [f"{name} {f['resources']} resources: cold {f['cold_wall_median_s']:.2f} s wall / "
+            f"{f['cold_cpu_median_s']:.2f} s CPU, warm {f['warm_median_s']:.2f} s"
+            for name, f in stacks.items()]
+    return [*out, f"**The Pulumi program under mocks** (as the infra tests run it, tests/infra/harness.py): "
+                  f"{'; '.join(rows)}.", ""]
+
+
+def _image_task_block(it: dict) -> list[str]:
+    comp = it["comparison"]
+    c = comp["contenders"]
+    cfg = c["trainer"]["config"]
+    return [
+        f"**The image task: trainer efficiency and peer comparison** (torchvision {cfg['model']} at "
+        f"{cfg['image_size']} px, batch {cfg['batch_size']} per worker, {cfg['workers']} workers with "
+        f"{cfg['loader_workers']} DataLoader process each, {_repeats(comp['repeats'])}; "
+        f"{it['window']}{_section_load(it)}. Data: {it['data']}, "
+        "read by every contender through the image task's own shard stream and DataLoader "
+        "(`bench/image_loop.py`). The trainer runs `--task image` with its defaults and its metrics file, "
+        "without checkpoints (their cost is the checkpoint stall's); the bare Horovod loop with the "
+        f"trainer's settings ({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one "
+        "torch thread per worker, unpinned, held to the same target as the trainer's row above):",
+        "", *RATIO_TABLE, *_peer_rows(it), "",
+    ]
+
+
+def _input_pipeline_block(read: dict, decode: dict) -> list[str]:
+    rows = []
+    if read.get("status") == "ok":
+        c = read["comparison"]["contenders"]
+        cfg = c["shard-stream"]["config"]
+        rows.append(_ratio_row(
+            f"shard stream / bare boto3 `get_object().read()` loop, the same objects from the local store "
+            f"({cfg['shards']} shards of {cfg['samples_per_shard']} samples of {cfg['sample_kb']:g} kB, "
+            f"{cfg['bytes_per_run'] / 1e6:.0f} MB a run; {_repeats(read['comparison']['repeats'])}"
+            f"{_section_load(read)})", c["shard-stream"]["median"] / 1e6, c["bare-boto3"]["median"] / 1e6,
+            Ratio.from_json(read["ratio"]), unit=" MB/s", fmt=".1f"))
+    if decode.get("status") == "ok":
+        c = decode["comparison"]["contenders"]
+        cfg = c["loader-worker"]["config"]
+        rows.append(_ratio_row(
+            f"one DataLoader worker / bare loop decoding the same shards with the same transforms "
+            f"({cfg['samples_per_run']} generated {cfg['image_px']} px PNGs, {cfg['size']} px crops, batch "
+            f"{cfg['batch']}; {_repeats(decode['comparison']['repeats'])}{_section_load(decode)})",
+            c["loader-worker"]["median"], c["bare-loop"]["median"], Ratio.from_json(decode["ratio"]),
+            unit=" samples/s", fmt=".1f"))
+    if not rows:
+        return []
+    return ["**Input pipeline of the image and lm tasks** (`bench/shard_read.py`, `bench/input_pipeline.py`; "
+            "each comparison interleaved, rates as medians):", "",
+            "| contender | median | ratio | 95 % interval of the ratio | target |",
+            "|---|---:|---:|---|---|", *rows, ""]
+
+
+def _transfers(tp: dict) -> list[tuple[dict, Transfer, Transfer]]:
+    """Each size of the checkpoint-throughput section with its write and its restore."""
+    return [(z, Transfer.from_json(z["write"], z["bytes"]), Transfer.from_json(z["restore"], z["bytes"]))
+            for z in tp["sizes"]]
+
+
+def _checkpoint_throughput_block(tp: dict) -> list[str]:
+    rows = [_ratio_row(f"{direction} of a {z['bytes'] / 1e9:.2f} GB state ({_repeats(z['repeats'])})",
+                       t.ours_mb_s, t.bare_mb_s, t.ratio, unit=" MB/s")
+            for z, write, restore in _transfers(tp)
+            for direction, t in (("write", write), ("restore", restore))]
+    return [f"**Checkpoint write and restore against a bare boto3 transfer of the same bytes** ({tp['store']}"
+            f"{_section_load(tp)}; ours / bare, ratio = the bare transfer's time over ours. {tp['method']}):",
+            "", "| checkpoint | median MB/s, ours / bare | ratio | 95 % interval of the ratio | target |",
+            "|---|---:|---:|---|---|", *rows, ""]
+
+
+# The sections of RESULTS.md in order, each rendered from its section when that ran and is "ok".
+BLOCKS = (("headline", _headline_block), ("peer_study", _study_block), ("checkpoint_stall", _stall_block),
+          ("recovery", _recovery_block), ("plan_time", _plan_time_block), ("image_task", _image_task_block),
+          ("checkpoint_throughput", _checkpoint_throughput_block))
+
+
+def markdown(r: dict) -> str:
+    s = r["sections"]
+    ok = {name: sec for name, sec in s.items() if sec.get("status") == "ok"}
+    out = _header(r)
+    for name, block in BLOCKS:
+        if name == "checkpoint_throughput":  # the input pipeline's rows come before it
+            out += _input_pipeline_block(ok.get("shard_read", {}), ok.get("input_pipeline", {}))
+        if name in ok:
+            out += block(ok[name])
     failed = [f"{name} ({sec['status']}: {sec.get('reason', '')[:200]})" for name, sec in s.items()
-              if sec.get("status") != "ok"]
+              if name not in ok]
     if failed:
         out += ["Not measured in this run: " + "; ".join(failed), ""]
     return "\n".join(out)
@@ -297,106 +415,6 @@ def _measured_by(r: dict) -> str:
     return f"{len(runs)} runs: " + "; ".join(parts)
 
 
-def _repeats(n: int) -> str:
-    return f"{n} repeat{'s' if n != 1 else ''}"
-
-
-def _section_load(sec: dict) -> str:
-    """' (load average a to b during it)', from the section's own record; '' for older results."""
-    m = sec.get("measured")
-    if not m or not m.get("load_avg_end"):
-        return ""
-    return f"; load average {m['load_avg'][0]:.1f} to {m['load_avg_end'][0]:.1f} during it"
-
-
-def target_words(r: dict) -> str:
-    """A ratio's target and verdict, as the tables read: '≥ 0.97: met', with a note where the
-    interval holds both sides of the target; '' without a target."""
-    if "target" not in r:
-        return ""
-    undecided = r.get("interval") is not None and not r["decided"]
-    return f"≥ {r['target']}: {'met' if r['met'] else '**not met**'}" + \
-        ("; its interval holds both sides" if undecided else "")
-
-
-def _ratio_row(label: str, num: float, den: float, r: dict, unit: str = "", fmt: str = ".0f",
-               note: str | None = None) -> str:
-    """A table row: the two medians (with their `unit`), the median of the per-repeat ratios,
-    its interval and its target."""
-    return (f"| {label} | {num:{fmt}} / {den:{fmt}}{unit} | {_x_target(r['median'])} | "
-            f"{_interval(r['per_repeat'])} | {target_words(r) if note is None else note} |")
-
-
-def _image_task_block(it: dict) -> list[str]:
-    if it.get("status") != "ok":
-        return []
-    comp = it["comparison"]
-    c, e, p = comp["contenders"], it["efficiency"], it["peer"]
-    cfg = c["trainer"]["config"]
-    return [
-        f"**The image task: trainer efficiency and peer comparison** (torchvision {cfg['model']} at "
-        f"{cfg['image_size']} px, batch {cfg['batch_size']} per worker, {cfg['workers']} workers with "
-        f"{cfg['loader_workers']} DataLoader process each, {_repeats(comp['repeats'])}; "
-        f"{it['window']}{_section_load(it)}. Data: {it['data']}, "
-        "read by every contender through the image task's own shard stream and DataLoader "
-        "(`bench/image_loop.py`). The trainer runs `--task image` with its defaults and its metrics file, "
-        "without checkpoints (their cost is the checkpoint stall's); the bare Horovod loop with the "
-        f"trainer's settings ({_settings(c['bare-hvd']['config'])}); DDP as torchrun starts it, one "
-        "torch thread per worker, unpinned, held to the same target as the trainer's row above):",
-        "",
-        "| contender | median samples/s | ratio | 95 % interval of the ratio | target |",
-        "|---|---:|---:|---|---|",
-        _ratio_row("trainer / bare Horovod loop", c["trainer"]["median"], c["bare-hvd"]["median"], e),
-        _ratio_row("trainer / torch DDP (Gloo)", c["trainer"]["median"], c["ddp"]["median"], p["trainer"]),
-        _ratio_row("bare Horovod / torch DDP", c["bare-hvd"]["median"], c["ddp"]["median"], p["bare-hvd"]),
-        *(_ratio_row(label, c[name]["median"], c["ddp-pin"]["median"], it["peer_pinned"][name],
-                     note="like with like; no target")
-          for name, label in (("trainer", "trainer / DDP pinned like the trainer"),
-                              ("bare-hvd", "bare Horovod / DDP pinned alike"))
-          if name in it.get("peer_pinned", {})),
-        "",
-    ]
-
-
-def _input_pipeline_block(read: dict, decode: dict) -> list[str]:
-    rows = []
-    if read.get("status") == "ok":
-        c = read["comparison"]["contenders"]
-        cfg = c["shard-stream"]["config"]
-        rows.append(_ratio_row(
-            f"shard stream / bare boto3 `get_object().read()` loop, the same objects from the local store "
-            f"({cfg['shards']} shards of {cfg['samples_per_shard']} samples of {cfg['sample_kb']:g} kB, "
-            f"{cfg['bytes_per_run'] / 1e6:.0f} MB a run; {_repeats(read['comparison']['repeats'])}"
-            f"{_section_load(read)})", c["shard-stream"]["median"] / 1e6, c["bare-boto3"]["median"] / 1e6,
-            read["ratio"], unit=" MB/s", fmt=".1f"))
-    if decode.get("status") == "ok":
-        c = decode["comparison"]["contenders"]
-        cfg = c["loader-worker"]["config"]
-        rows.append(_ratio_row(
-            f"one DataLoader worker / bare loop decoding the same shards with the same transforms "
-            f"({cfg['samples_per_run']} generated {cfg['image_px']} px PNGs, {cfg['size']} px crops, batch "
-            f"{cfg['batch']}; {_repeats(decode['comparison']['repeats'])}{_section_load(decode)})",
-            c["loader-worker"]["median"], c["bare-loop"]["median"], decode["ratio"], unit=" samples/s",
-            fmt=".1f"))
-    if not rows:
-        return []
-    return ["**Input pipeline of the image and lm tasks** (`bench/shard_read.py`, `bench/input_pipeline.py`; "
-            "each comparison interleaved, rates as medians):", "",
-            "| contender | median | ratio | 95 % interval of the ratio | target |",
-            "|---|---:|---:|---|---|", *rows, ""]
-
-
-def _checkpoint_throughput_block(tp: dict) -> list[str]:
-    if tp.get("status") != "ok":
-        return []
-    rows = [_ratio_row(f"{direction} of a {z['bytes'] / 1e9:.2f} GB state ({_repeats(z['repeats'])})",
-                       z[direction]["ours_mb_s"], z[direction]["bare_mb_s"], z[direction], unit=" MB/s")
-            for z in tp["sizes"] for direction in ("write", "restore")]
-    return [f"**Checkpoint write and restore against a bare boto3 transfer of the same bytes** ({tp['store']}"
-            f"{_section_load(tp)}; ours / bare, ratio = the bare transfer's time over ours. {tp['method']}):",
-            "", "| checkpoint | median MB/s, ours / bare | ratio | 95 % interval of the ratio | target |",
-            "|---|---:|---:|---|---|", *rows, ""]
-
 
 def results_page(r: dict, reading: str) -> str:
     """bench/RESULTS.md: every figure of `r` with its method, then the hand-written reading."""
@@ -408,56 +426,44 @@ def results_page(r: dict, reading: str) -> str:
         "",
         markdown(r).rstrip("\n"),
         "",
-        reading.rstrip("\n"),
+        fill(reading, r).rstrip("\n"),
         "",
     ])
-
-
-def _stall_target(z: dict) -> str:
-    """A stall row's verdict against its target of one step, as the other targets read."""
-    verdict = stall_verdict(z)
-    return {"< 1 step": "met", ">= 1 step": "**not met**"}.get(verdict, verdict)
 
 
 def readme_table(r: dict) -> str:
     """The README's Performance table: the headline ratios, their date and machine, a link to the rest."""
     m, s = r["machine"], r["sections"]
+    ok = {name: sec for name, sec in s.items() if sec.get("status") == "ok"}
     rows = []
-    h = s.get("headline", {})
-    if h.get("status") == "ok":
-        e, p = h["efficiency"], h["peer"]
-        rows += [
-            f"| trainer / bare Horovod loop (samples/s) | {_x_target(e['trainer_vs_bare_hvd'])} "
-            f"({_interval(e['per_repeat'])}) | ≥ 0.97: {'met' if e['met'] else '**not met**'} |",
-            f"| trainer / torch DDP over Gloo (samples/s) | {_x_target(p['trainer']['median'])} "
-            f"({_interval(p['trainer']['per_repeat'])}) | "
-            f"≥ 1.0: {'met' if p['trainer']['met'] else '**not met**'} |",
-        ]
-    ck = s.get("checkpoint_stall", {})
-    if ck.get("status") == "ok":
-        for z in ck["sizes"]:
-            if z.get("workers") == 1 or z.get("layout", "").startswith("1 worker"):
-                rows.append(f"| training time lost per checkpoint of {z['checkpoint_bytes'] / 1e6:.1f} MB, "
-                            f"a core to spare | {z['lost_per_checkpoint_s'] * 1e3:.1f} ms against a "
-                            f"{z['baseline_step_s'] * 1e3:.1f} ms step | < 1 step: {_stall_target(z)} |")
-    rc = s.get("recovery", {})
-    if rc.get("status") == "ok":
+    if "headline" in ok:
+        h = ok["headline"]
+        rows += [_readme_row("trainer / bare Horovod loop (samples/s)", Ratio.from_json(h["efficiency"])),
+                 _readme_row("trainer / torch DDP over Gloo (samples/s)",
+                             Ratio.from_json(h["peer"]["trainer"]))]
+    if "checkpoint_stall" in ok:
+        for z in map(StallRow.from_json, ok["checkpoint_stall"]["sizes"]):
+            if z.workers == 1:
+                rows.append(f"| training time lost per checkpoint of {z.checkpoint_bytes / 1e6:.1f} MB, "
+                            f"a core to spare | {z.lost_per_checkpoint_s * 1e3:.1f} ms against a "
+                            f"{z.baseline_step_s * 1e3:.1f} ms step | < 1 step: {_marked(z.verdict())} |")
+    if "recovery" in ok:
+        rc = Recovery.from_json(ok["recovery"])
         rows.append(f"| spot reclaim: SIGTERM to training resumed, steps lost | "
-                    f"{rc['sigterm_to_resumed_s']:.1f} s, {rc['steps_lost']} | |")
-    it = s.get("image_task", {})
-    if it.get("status") == "ok":
-        rows += [_readme_row("image task: trainer / bare Horovod loop", it["efficiency"]),
-                 _readme_row("image task: trainer / DDP over Gloo", it["peer"]["trainer"])]
+                    f"{rc.sigterm_to_resumed_s:.1f} s, {rc.steps_lost} | |")
+    if "image_task" in ok:
+        it = ok["image_task"]
+        rows += [_readme_row("image task: trainer / bare Horovod loop", Ratio.from_json(it["efficiency"])),
+                 _readme_row("image task: trainer / DDP over Gloo", Ratio.from_json(it["peer"]["trainer"]))]
     for name, what in (("shard_read", "shard stream / bare boto3 reads, local S3"),
                        ("input_pipeline", "1 DataLoader worker / bare decode loop")):
-        if s.get(name, {}).get("status") == "ok":
-            rows.append(_readme_row(what, s[name]["ratio"]))
-    tp = s.get("checkpoint_throughput", {})
-    if tp.get("status") == "ok":
-        for z in tp["sizes"]:  # one row a size, write / restore (the README has a size limit)
-            w, rs = (_readme_cells(z[d]) for d in ("write", "restore"))
+        if name in ok:
+            rows.append(_readme_row(what, Ratio.from_json(ok[name]["ratio"])))
+    if "checkpoint_throughput" in ok:
+        for z, write, restore in _transfers(ok["checkpoint_throughput"]):  # one row a size (README's limit)
+            (w, wv), (rs, rv) = _readme_cells(write.ratio), _readme_cells(restore.ratio)
             rows.append(f"| checkpoint write / restore, {z['bytes'] / 1e9:.1f} GB / bare boto3, local S3 | "
-                        f"{w[0]} / {rs[0]} | ≥ {z['write']['target']}: {w[1]} / {rs[1]} |")
+                        f"{w} / {rs} | ≥ {write.ratio.target}: {wv} / {rv} |")
     runs = _runs(r)
     # The README has a size limit: the runs of single sections are named in RESULTS.md only.
     dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
@@ -474,19 +480,15 @@ def readme_table(r: dict) -> str:
     return "\n".join([README_BEGIN, *head, *rows, README_END])
 
 
-def _readme_cells(r: dict) -> tuple[str, str]:
-    """A ratio with its interval, and its verdict ("undecided" where the interval holds both sides of
-    the target), as short as the README's size limit wants them."""
-    ci = "too few repeats for an interval" if r.get("interval") is None else _interval(r["per_repeat"])
-    verdict = ("met" if r["met"] else "**not met**") + \
-        (" (undecided)" if r.get("interval") is not None and not r["decided"] else "")
-    return f"{_x_target(r['median'])} ({ci})", verdict
+def _readme_cells(r: Ratio) -> tuple[str, str]:
+    """A ratio with its interval, and its verdict, as short as the README's size limit wants them."""
+    ci = "too few repeats for an interval" if r.interval is None else _interval(r)
+    return f"{_x(r.median)} ({ci})", _marked(r.verdict())
 
 
-def _readme_row(what: str, r: dict) -> str:
-    """A README row (kept short: the README has a size limit)."""
-    ratio, verdict = _readme_cells(r)
-    return f"| {what} | {ratio} | ≥ {r['target']}: {verdict} |"
+def _readme_row(what: str, r: Ratio) -> str:
+    ratio, words = _readme_cells(r)
+    return f"| {what} | {ratio} | ≥ {r.target}: {words} |"
 
 
 def replace_readme_table(readme: str, table: str) -> str:

@@ -101,9 +101,9 @@ def validate(results: dict) -> None:
     jsonschema.validate(results, SCHEMA)
 
 
-# Per-step samples: what the figures are computed from, not what the report shows. A full run's came
-# to ~1.5 MB of the 1.6 MB results file, committed with every run; they go to <name>.raw.json (not
-# committed, see .gitignore) only when asked for (`scripts/bench --raw`).
+# Per-step samples: what the figures are computed from, not what the report shows, and most of a full
+# run's bytes. They go to <name>.raw.json (not committed, see .gitignore) only when asked for
+# (`scripts/bench --raw`).
 RAW_KEYS = frozenset({"step_durations_s"})
 
 
@@ -180,8 +180,7 @@ def _write_atomically(path: Path, value) -> None:
 
 def to_json(value, depth: int = 0) -> str:
     """JSON with one key per line, except that a list of scalars, or of lists of scalars, stays on one
-    line: the raw samples (thousands of per-step durations a run) took one line per number with
-    json.dumps(indent=1), and the file, committed with every full run, grew to 2.4 MB."""
+    line: the raw samples (thousands of per-step durations a run) would take a line per number."""
     pad, inner = " " * depth, " " * (depth + 1)
     if isinstance(value, dict) and value:
         items = ",\n".join(f"{inner}{json.dumps(str(k))}: {to_json(v, depth + 1)}" for k, v in value.items())

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from bench.compare import Contender, run_comparison
+from bench.figures import BusyCore, Ratio, Recovery, StallRow
 from bench.image_loop import ImageShape, pack_digits
 from bench.input_pipeline import DecodeShape
 from bench.launch import ROOT, BenchError
@@ -24,8 +25,7 @@ from bench.machine import cpu_seconds, lowest_priority
 from bench.neighbour import neighbour_slowdown
 from bench.peer import STUDY, HorovodSettings, LoopShape, ddp_contender, horovod_contender
 from bench.shard_read import ReadShape
-from bench.stats import median, median_interval, paired_ratios
-from bench.table import ms_interval
+from bench.stats import median, paired_ratios
 from bench.trainer_run import TrainerRun, stall_estimate, step_durations
 from infra.storage_layout import checkpoint_key_prefix
 from train.summary import RunSummary
@@ -52,16 +52,9 @@ def object_store():
     from cluster.local.objectstore import ObjectStore
 
     with ObjectStore() as store:
-        lowest_priority(store_pid(store))
+        lowest_priority(store.pid)
         store.client().create_bucket(Bucket=STORE_BUCKET)
         yield store
-
-
-def store_pid(store) -> int:
-    proc = getattr(store, "_proc", None)  # ObjectStore keeps its server's Popen here
-    if proc is None:
-        raise BenchError("cannot find the object store's server process")
-    return proc.pid
 
 
 @dataclass(frozen=True)
@@ -87,10 +80,9 @@ SPARE_CORE = StallLayout("1 worker, 1 thread, 2 cores", workers=1, env=(("OMP_NU
 class StallSize:
     """One model size of the checkpoint-stall section: the MLP's width, the checkpoint interval and
     the run's length in steps. The interval must outlast a write (or the checkpoints queue up and the
-    figure measures the store's throughput) with room to spare for a baseline after it: the smallest
-    model's steps take 0.4 to 1 ms with a core to spare, while its write to the local store took
-    15-40 ms (25 ms at most since the store keeps connections alive), so it checkpoints every 200
-    steps, the others every 50."""
+    figure measures the store's throughput) with a fifth of it to spare for a baseline after it; the
+    smallest model's steps are so short that it needs the longest interval. The row says when a write
+    outlasted its interval (write_within_after)."""
 
     width: int
     every: int
@@ -150,43 +142,29 @@ class Plan:
 
 
 FULL = Plan(
-    # Headline repeats: with 9, the 95 % interval of the efficiency median (2nd to 8th per-repeat
-    # ratio) spanned ~5 % and held the target however the median fell, so no run could decide it.
-    # 24 (the 7th to the 18th) narrows it ~1.6x (the width goes as 1/sqrt(n)); a multiple of the 4
-    # contenders, it puts each in each slot of the rotation equally often.
+    # Headline repeats: enough for an interval of the efficiency median narrow enough to decide its
+    # target (the width goes as 1/sqrt(repeats)); a multiple of the 4 contenders, so that each runs
+    # in each slot of the rotation equally often.
     repeats=3, headline_repeats=24, study_shape=LoopShape(steps=100, warmup=20, width=64),
     shape=LoopShape(steps=200, warmup=20, width=64), study=tuple(STUDY), checkpoint_every=50,
-    # Intervals (see StallSize): at 25 steps, with the 1 ms steps of width 256, a checkpoint was due
-    # every 25 ms, less than the local moto store took to accept one (15-40 ms for 3 requests), so
-    # each waited for the last and the figure measured the store's throughput instead (the trainer
-    # says so in a warning and the summary's checkpoint_wait_s, reported below). At 100 steps of
-    # 0.4 ms (one thread, a core to spare) the longest write (35 ms) still outlasted 4/5 of it: 200.
-    # Lengths: with 4 checkpoints a run (12 in all) the median's 95 % interval spanned several steps
-    # at the smallest size (its per-checkpoint samples -6.6 to +4.9 ms), so no verdict could stand;
-    # 28, 18 and 10 a run cost about 4 minutes more. At 0.7 MB, 28 a run (84 in all) left the interval
-    # 0.4 to 0.5 ms wide against a 0.7 ms step, whichever side the median fell: 58 a run narrow it
-    # ~1.4x for about a minute and a half more (the 2-worker layout's steps take 1.9 ms).
+    # Intervals: each must outlast a write (see StallSize). Lengths: enough checkpoints a run that the
+    # median's interval is narrower than a step at every size, so that a verdict can stand.
     stall_sizes=(StallSize(256, every=200, steps=11950, warmup=50),
                  StallSize(1024, every=50, steps=950, warmup=50),
                  StallSize(2048, every=50, steps=550, warmup=50)),
     stall_repeats=3, stall_layouts=(SATURATED, SPARE_CORE), neighbour_pairs=40,
     recovery_steps=160, recovery_reclaim_at=70, recovery_checkpoint_every=50,
     plan_runs=3, plan_cold_runs=2, timeout_s=300,
-    # Image task: shufflenet_v2_x0_5 (0.35 M parameters) at 32 px, batch 32: a 40 ms step on one core
-    # here, decoding a batch of digits ~30 ms in the loader process beside it; resnet18 at 32 px took
-    # 340 ms a step. A run costs ~20 s of start-up (horovodrun, torchvision, the loader's forkserver)
-    # besides its window (40 steps: ~3 s idle, ~9 s under the other sessions' load), so 6 repeats (the
-    # fewest with a 95 % interval: the lowest to the highest ratio) of 4 contenders take 8-18 minutes
-    # (the longer at a load average of 7-15 from other work).
+    # Image task: the smallest torchvision model whose step, on one core, is about as long as the
+    # loader process's decoding of a batch beside it. A run's start-up (horovodrun, torchvision, the
+    # loader's forkserver) outweighs its window, so 6 repeats: the fewest with a 95 % interval.
     image_shape=ImageShape("", steps=40, warmup=10, model="shufflenet_v2_x0_5"), image_repeats=6,
-    # 1024 generated 64 px PNGs (~1.5 s a run at ~650 samples/s) and 32 shards of 4 MB (~0.5 s a run
-    # at ~280 MB/s; with 8, 33 MB a run took 0.1 s and single repeats swung 0.2-0.85x): 10 repeats
-    # give each ratio an interval from the 2nd to the 9th per-repeat ratio.
+    # Runs of about a second each (shorter ones swung widely from repeat to repeat); 10 repeats give
+    # each ratio an interval from the 2nd to the 9th per-repeat ratio.
     decode_shape=DecodeShape(shards=8, per_shard=128), read_shape=ReadShape(shards=32, shard_mb=4),
     pipeline_repeats=10,
-    # 0.1, 1 and 4 GB states (issue 28). Six pairs are the fewest with a 95 % interval of the median
-    # (bench.stats.median_interval): a 4 GB pair takes 2.5-3 minutes here (write 45-65 s a side,
-    # restore 15-22 s), so the two large sizes get six, the small one twelve: 21 minutes in all.
+    # The states of issue 28. Six pairs are the fewest with a 95 % interval of the median
+    # (bench.stats.median_interval): the large sizes, whose pairs take minutes, get six.
     throughput_sizes=(ThroughputSize(100, repeats=12), ThroughputSize(1000, repeats=6),
                       ThroughputSize(4000, repeats=6)),
 )
@@ -244,23 +222,32 @@ def headline_section(plan: Plan, progress: Progress) -> dict:
             ddp_contender(plan.shape, plan.timeout_s, name="ddp-pin", pin=True),
         ]
         comparison = run_comparison(contenders, "bare-hvd", plan.headline_repeats, progress=progress)
+    return {**peer_figures(comparison, plan.shape),
+            "trainer_checkpoints": trainer_checkpoints(comparison["contenders"]["trainer"]["runs"])}
+
+
+# The trainer against the bare Horovod loop with its settings, and against DDP as torchrun starts it
+# (one thread per worker, unpinned): the trainer must be no slower than what a user gets from torchrun
+# and DDP. The image task's rows keep the headline's targets.
+EFFICIENCY_TARGET = 0.97
+PEER_TARGET = 1.0
+
+
+def peer_figures(comparison: dict, shape: LoopShape | ImageShape) -> dict:
+    """Pure: the headline's and the image section's ratios from their comparison of the trainer, the
+    bare Horovod loop, DDP and (when run) DDP pinned like the trainer (like with like: no target)."""
     samples = {name: c["samples"] for name, c in comparison["contenders"].items()}
-    efficiency = comparison["ratios"]["trainer"]
-    vs_ddp = {name: paired_ratios(samples[name], samples["ddp"]) for name in ("trainer", "bare-hvd")}
-    # Like with like: DDP with its workers pinned as the trainer pins its own (no target; reported).
-    vs_ddp_pinned = {name: paired_ratios(samples[name], samples["ddp-pin"])
-                     for name in ("trainer", "bare-hvd")}
     return {
         "status": "ok",
         "comparison": comparison,
-        "window": f"steps {plan.shape.warmup}..{plan.shape.warmup + plan.shape.steps} of every run "
-                  f"(the first {plan.shape.warmup} are warmup and untimed for all contenders)",
-        "efficiency": {"trainer_vs_bare_hvd": efficiency["median"], "per_repeat": efficiency["per_repeat"],
-                       "target": 0.97, "met": efficiency["median"] >= 0.97},
-        "peer": {name: {"per_repeat": v, "median": median(v), "target": 1.0, "met": median(v) >= 1.0}
-                 for name, v in vs_ddp.items()},
-        "peer_pinned": {name: {"per_repeat": v, "median": median(v)} for name, v in vs_ddp_pinned.items()},
-        "trainer_checkpoints": trainer_checkpoints(comparison["contenders"]["trainer"]["runs"]),
+        "window": f"steps {shape.warmup}..{shape.warmup + shape.steps} of every run "
+                  f"(the first {shape.warmup} are warmup and untimed for all contenders)",
+        "efficiency": Ratio.of(comparison["ratios"]["trainer"]["per_repeat"], EFFICIENCY_TARGET).to_json(),
+        "peer": {"trainer": Ratio.of(paired_ratios(samples["trainer"], samples["ddp"]),
+                                     PEER_TARGET).to_json(),
+                 "bare-hvd": Ratio.of(paired_ratios(samples["bare-hvd"], samples["ddp"])).to_json()},
+        "peer_pinned": {name: Ratio.of(paired_ratios(samples[name], samples["ddp-pin"])).to_json()
+                        for name in ("trainer", "bare-hvd") if "ddp-pin" in samples},
     }
 
 
@@ -275,136 +262,137 @@ def trainer_checkpoints(runs: list[dict]) -> dict:
 
 
 def stall_section(plan: Plan, progress: Progress) -> dict:
-    """Checkpoint stall: per model size, the trainer checkpointing every K steps to the local S3 store,
-    timing every step. Training time lost per checkpoint: each checkpoint's steps that cover the
-    longest write the trainer reports (at least K/2) against the rest of its interval, median over all
-    checkpoints (trainer_run.stall_estimate); no verdict when the write outlasts 4/5 of it. Cross-check:
-    the same trainer without checkpoints, interleaved, and the difference of the two timed windows
-    over the checkpoints inside them (unbiased but noisy: run-to-run spread of a few percent of the
-    window is tens of ms per checkpoint here)."""
-    sizes = []
+    """Checkpoint stall: per layout and model size, the trainer checkpointing every K steps to the
+    local S3 store and the same trainer without checkpoints, interleaved, every step timed
+    (STALL_METHOD says how the figures come from them)."""
+    rows = []
     with object_store() as store, tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
-        client = store.client()
-        store_proc = psutil.Process(store_pid(store))
         for layout, size in ((lay, z) for lay in plan.stall_layouts for z in plan.stall_sizes):
-            width, every, shape = size.width, size.every, size.shape(layout.workers)
-            profiled = size.profiled()
-            in_window = checkpoints_in_window(shape.warmup, shape.warmup + shape.steps, every)
-            env = {**store.env(), **dict(layout.env)}
-            tag = f"w{width}-np{layout.workers}"
-            runs = {
-                "checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, every, store.endpoint_url, STORE_BUCKET,
-                                          log_every=1),
-                "no-checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, 0, log_every=1),
-            }
-            records: dict[str, list[dict]] = {name: [] for name in runs}
-            for rep in range(plan.stall_repeats):
-                for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                    store_cpu = cpu_seconds(store_proc)
-                    record = runs[name].run(f"stall-{tag}-{name}", Path(tmp), env, plan.timeout_s)
-                    record["store_cpu_s"] = cpu_seconds(store_proc) - store_cpu
-                    records[name].append(record)
-            ckpt_bytes = checkpoint_bytes(client, STORE_BUCKET, records["checkpoints"][-1]["run_id"])
-            ab_lost = [(a["window_s"] - b["window_s"]) / in_window
-                       for a, b in zip(records["checkpoints"], records["no-checkpoints"], strict=True)]
-            write_max = [r["checkpoint_write_max_s"] for r in records["checkpoints"]]
-            # per run: step -> seconds (the trainer logs every step here)
-            durations = {name: [step_durations(r["records"]) for r in rs] for name, rs in records.items()}
+            records = stall_runs(plan, layout, size, store, Path(tmp))
+            nbytes = checkpoint_bytes(store.client(), STORE_BUCKET, records["checkpoints"][-1]["run_id"])
             try:
-                profile = stall_estimate(durations["checkpoints"], profiled, every, write_s=max(write_max))
-                # The null control: the same estimate, same after steps, over the runs that wrote nothing
-                null = stall_estimate(durations["no-checkpoints"], profiled, every,
-                                      after=profile["after_steps"])
+                row = stall_row(layout, size, records, nbytes)
             except ValueError as e:
-                raise BenchError(f"checkpoint stall, {layout.name}, width {width}: {e}") from None
-            step_s = median([r["window_s"] / shape.steps for r in records["no-checkpoints"]])
-            # CPU time per checkpoint: the trainer's writer process (its own accounting) and the local
-            # store's server (its process's CPU over the run; ~0 in the runs without checkpoints)
-            written = [max(1, r["checkpoints_written"]) for r in records["checkpoints"]]
-            per_run = list(zip(records["checkpoints"], written, strict=True))
-            writer_cpu = median([r["checkpoint_write_cpu_s"] / n for r, n in per_run])
-            store_cpu = median([r["store_cpu_s"] / n for r, n in per_run])
-            neighbour = None
+                raise BenchError(f"checkpoint stall, {layout.name}, width {size.width}: {e}") from None
             if layout.spare_core:
-                neighbour = neighbour_slowdown(width, ckpt_bytes, pairs=plan.neighbour_pairs)
-                # the step runs this much slower for as long as that work keeps the spare core busy
-                neighbour["cost_of_writer_cpu_s"] = (neighbour["ratio"] - 1) * writer_cpu
-                neighbour["cost_of_store_cpu_s"] = (neighbour["ratio"] - 1) * store_cpu
-                progress(f"  a busy spare core: the step {neighbour['ratio']:.3f}x as long; per checkpoint "
-                         f"the writer's {writer_cpu * 1e3:.1f} ms of CPU cost "
-                         f"{neighbour['cost_of_writer_cpu_s'] * 1e3:.2f} ms, "
-                         f"the store's {store_cpu * 1e3:.1f} ms "
-                         f"{neighbour['cost_of_store_cpu_s'] * 1e3:.2f} ms")
-            lost, interval = profile["lost_per_checkpoint_s"], profile["lost_interval_s"]
-            contained = profile["write_within_after"]
-            # decided: the interval of the median lies wholly on one side of one step
-            decided = contained and interval is not None and (interval[1] < step_s or interval[0] >= step_s)
-            progress(f"checkpoint stall: {layout.name}, mlp width {width}: {ckpt_bytes / 1e6:.1f} MB, "
-                     f"lost per checkpoint {lost * 1e3:.1f} ms{ms_interval(interval)}, the same estimate "
-                     f"without checkpoints {null['lost_per_checkpoint_s'] * 1e3:.1f} ms "
-                     f"(longest write {max(write_max) * 1e3:.0f} ms"
-                     f"{'' if contained else ', longer than 4/5 of an interval'}; without-checkpoints "
-                     f"cross-check {[round(x * 1e3, 1) for x in ab_lost]} ms)")
-            sizes.append({
-                "layout": layout.name, "workers": layout.workers, "env": dict(layout.env),
-                "model": "mlp", "width": width, "checkpoint_bytes": ckpt_bytes,
-                "every": every, "steps": shape.steps, "warmup": shape.warmup,
-                "checkpoints_in_window": in_window, "profiled_after_steps": profiled,
-                "baseline_step_s": step_s,
-                "lost_per_checkpoint_s": lost,
-                "lost_per_checkpoint_samples_s": profile["lost_per_checkpoint_samples_s"],
-                "lost_interval_s": interval,
-                "checkpoints_measured": profile["checkpoints_measured"],
-                "lost_in_steps": lost / step_s,
-                "below_one_step": contained and lost < step_s,
-                "verdict_decided": decided,
-                "null_lost_per_checkpoint_s": null["lost_per_checkpoint_s"],
-                "null_lost_interval_s": null["lost_interval_s"],
-                # per run: the longest write, and the time training waited for the previous write
-                "write_max_s": write_max,
-                "after_steps": profile["after_steps"],
-                "write_within_after": contained,
-                "writer_wait_s": [r["checkpoint_wait_s"] for r in records["checkpoints"]],
-                # checkpoints taken late because the previous write outlasted the interval (then the
-                # write is not within 4/5 of it either: no verdict)
-                "checkpoints_deferred": [r["checkpoints_deferred"] for r in records["checkpoints"]],
-                "writer_cpu_per_checkpoint_s": writer_cpu,
-                "store_cpu_per_checkpoint_s": store_cpu,
-                "store_cpu_without_checkpoints_s": [r["store_cpu_s"] for r in records["no-checkpoints"]],
-                "neighbour": neighbour,
-                "ab_lost_per_checkpoint_s": median(ab_lost),
-                "ab_lost_per_repeat_s": ab_lost,
-                "first_step_excess_s": profile["first_step_excess_s"],
-                "excess_by_position_s": profile["excess_by_position_s"],
-                "window_s": {name: [r["window_s"] for r in rs] for name, rs in records.items()},
-                # raw samples: the checkpointing runs' per-step durations, as [step, seconds]
-                "step_durations_s": [
-                    [[k, round(d, 6)] for k, d in sorted(run.items())] for run in durations["checkpoints"]],
-            })
+                row = dataclasses.replace(row, neighbour=busy_core(row, plan.neighbour_pairs))
+            progress(stall_progress(row))
+            rows.append(row)
     return {"status": "ok", "store_priority": STORE_PRIORITY, "repeats": plan.stall_repeats,
-            "sizes": sizes,
-            "method": "every step timed; lost per checkpoint = the time of the steps after it that cover "
-                      "the longest write (after_steps, at least half the interval) minus as many steps at "
-                      "the mean of the rest of the interval, median over the checkpoints after "
-                      "profiled_after_steps of every repeat, with a distribution-free 95 % interval "
-                      "(lost_interval_s); no verdict when the write outlasts 4/5 of the "
-                      "interval; one step = the run without checkpoints' window / steps; verdict_decided "
-                      "when the interval lies on one side of one step. Null control (null_*): the same "
-                      "estimate, same after steps, over the runs without checkpoints at the same steps: "
-                      "what the method reads where nothing was written. "
-                      "Cross-check (ab_*): the trainer with and without checkpoints, interleaved, same "
-                      "window (the steps after the warmup), (window with - window without) / "
-                      "checkpoints in the window, median over repeats. The writer process and the moto "
-                      "S3 server share the same cores as training here (on AWS, S3's side runs "
-                      "elsewhere), so with the cores full their CPU shows up as lost training time; the "
-                      "spare-core layout shows what is left when it has a core to run on. "
-                      "neighbour (spare-core layout): the same model's step in one process, blocks "
-                      "alternating with a neighbour process doing a checkpoint's CPU work stopped and "
-                      "running, median ratio of the blocks' median steps (bench.neighbour); "
-                      "cost_of_writer_cpu_s / cost_of_store_cpu_s = (ratio - 1) x the writer process's / "
-                      "the store server's CPU time per checkpoint (median over the runs: the trainer's "
-                      "checkpoint_write_cpu_s, the server process's CPU over the run, each over the "
-                      "checkpoints written)."}
+            "sizes": [row.to_json() for row in rows], "method": STALL_METHOD}
+
+
+def stall_runs(plan: Plan, layout: StallLayout, size: StallSize, store,
+               tmp: Path) -> dict[str, list[dict]]:
+    """The trainer with and without checkpoints, interleaved (the order swapped every repeat), each
+    run's record with the store server's CPU time over it (`store_cpu_s`)."""
+    shape = size.shape(layout.workers)
+    env = {**store.env(), **dict(layout.env)}
+    tag = f"w{size.width}-np{layout.workers}"
+    runs = {"checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, size.every, store.endpoint_url, STORE_BUCKET,
+                                      log_every=1),
+            "no-checkpoints": TrainerRun(shape, TRAINER_DEFAULTS, 0, log_every=1)}
+    server = psutil.Process(store.pid)
+    records: dict[str, list[dict]] = {name: [] for name in runs}
+    for rep in range(plan.stall_repeats):
+        for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            before = cpu_seconds(server)
+            record = runs[name].run(f"stall-{tag}-{name}", tmp, env, plan.timeout_s)
+            record["store_cpu_s"] = cpu_seconds(server) - before
+            records[name].append(record)
+    return records
+
+
+def stall_row(layout: StallLayout, size: StallSize, records: dict[str, list[dict]],
+              nbytes: int) -> StallRow:
+    """Pure: one row of the stall section from its runs' records (bench.trainer_run.TrainerRun.run,
+    with `store_cpu_s`) and the checkpoint's size. ValueError where the estimate cannot be made."""
+    shape = size.shape(layout.workers)
+    with_ckpt, without = records["checkpoints"], records["no-checkpoints"]
+    in_window = checkpoints_in_window(shape.warmup, shape.warmup + shape.steps, size.every)
+    ab_lost = [(a["window_s"] - b["window_s"]) / in_window for a, b in zip(with_ckpt, without, strict=True)]
+    write_max = [r["checkpoint_write_max_s"] for r in with_ckpt]
+    durations = {name: [step_durations(r["records"]) for r in rs] for name, rs in records.items()}
+    profiled = size.profiled()
+    profile = stall_estimate(durations["checkpoints"], profiled, size.every, write_s=max(write_max))
+    # the null control: the same estimate, at the same after steps, over the runs that wrote nothing
+    null = stall_estimate(durations["no-checkpoints"], profiled, size.every, after=profile["after_steps"])
+    step_s = median([r["window_s"] / shape.steps for r in without])
+    # CPU time per checkpoint: the writer process's (its own accounting) and the store server's
+    per_run = [(r, max(1, r["checkpoints_written"])) for r in with_ckpt]
+    lost, interval = profile["lost_per_checkpoint_s"], profile["lost_interval_s"]
+    contained = profile["write_within_after"]
+    return StallRow(
+        layout=layout.name, workers=layout.workers, env=dict(layout.env), model="mlp", width=size.width,
+        checkpoint_bytes=nbytes, every=size.every, steps=shape.steps, warmup=shape.warmup,
+        checkpoints_in_window=in_window, profiled_after_steps=tuple(profiled), baseline_step_s=step_s,
+        lost_per_checkpoint_s=lost,
+        lost_per_checkpoint_samples_s=tuple(profile["lost_per_checkpoint_samples_s"]),
+        lost_interval_s=None if interval is None else tuple(interval),
+        checkpoints_measured=profile["checkpoints_measured"], lost_in_steps=lost / step_s,
+        below_one_step=contained and lost < step_s,
+        verdict_decided=contained and interval is not None and not interval[0] < step_s <= interval[1],
+        null_lost_per_checkpoint_s=null["lost_per_checkpoint_s"],
+        null_lost_interval_s=None if null["lost_interval_s"] is None else tuple(null["lost_interval_s"]),
+        write_max_s=tuple(write_max), after_steps=profile["after_steps"], write_within_after=contained,
+        writer_wait_s=tuple(r["checkpoint_wait_s"] for r in with_ckpt),
+        checkpoints_deferred=tuple(r["checkpoints_deferred"] for r in with_ckpt),
+        writer_cpu_per_checkpoint_s=median([r["checkpoint_write_cpu_s"] / n for r, n in per_run]),
+        store_cpu_per_checkpoint_s=median([r["store_cpu_s"] / n for r, n in per_run]),
+        store_cpu_without_checkpoints_s=tuple(r["store_cpu_s"] for r in without),
+        ab_lost_per_checkpoint_s=median(ab_lost), ab_lost_per_repeat_s=tuple(ab_lost),
+        first_step_excess_s=profile["first_step_excess_s"],
+        excess_by_position_s=tuple(profile["excess_by_position_s"]),
+        window_s={name: [r["window_s"] for r in rs] for name, rs in records.items()},
+        # raw samples: the checkpointing runs' per-step durations, as [step, seconds]
+        step_durations_s=[[[k, round(d, 6)] for k, d in sorted(run.items())]
+                          for run in durations["checkpoints"]],
+    )
+
+
+def busy_core(row: StallRow, pairs: int) -> BusyCore:
+    """With a core to spare: the step's slowdown while a neighbour does a checkpoint's CPU work there
+    (bench.neighbour), charged for as long as the writer's and the store's CPU time keep it busy."""
+    n = neighbour_slowdown(row.width, row.checkpoint_bytes, pairs=pairs)
+    return BusyCore(n["ratio"], None if n["interval"] is None else tuple(n["interval"]),
+                    (n["ratio"] - 1) * row.writer_cpu_per_checkpoint_s,
+                    (n["ratio"] - 1) * row.store_cpu_per_checkpoint_s, record=n)
+
+
+def stall_progress(row: StallRow) -> str:
+    """One row's figures, as the run prints them when the row is done."""
+    busy = ""
+    if row.neighbour is not None:
+        n = row.neighbour
+        busy = (f"; a busy spare core: the step {n.ratio:.3f}x as long, the writer's CPU per checkpoint "
+                f"costing {n.cost_of_writer_cpu_s * 1e3:.2f} ms, "
+                f"the store's {n.cost_of_store_cpu_s * 1e3:.2f} ms")
+    return (f"checkpoint stall: {row.layout}, mlp width {row.width}: {row.checkpoint_bytes / 1e6:.1f} MB, "
+            f"lost per checkpoint {row.lost_per_checkpoint_s * 1e3:.1f} ms ({row.verdict()}), "
+            f"the same estimate without checkpoints {row.null_lost_per_checkpoint_s * 1e3:.1f} ms "
+            f"(longest write {max(row.write_max_s) * 1e3:.0f} ms"
+            f"{'' if row.write_within_after else ', longer than 4/5 of an interval'}; without-checkpoints "
+            f"cross-check {[round(x * 1e3, 1) for x in row.ab_lost_per_repeat_s]} ms){busy}")
+
+
+STALL_METHOD = (
+    "every step timed; lost per checkpoint = the time of the steps after it that cover the longest write "
+    "(after_steps, at least half the interval) minus as many steps at the mean of the rest of the interval, "
+    "median over the checkpoints after profiled_after_steps of every repeat, with a distribution-free 95 % "
+    "interval (lost_interval_s); no verdict when the write outlasts 4/5 of the interval; one step = the "
+    "run without checkpoints' window / steps; verdict_decided when the interval lies on one side of one "
+    "step. Null control (null_*): the same estimate, same after steps, over the runs without checkpoints "
+    "at the same steps: what the method reads where nothing was written. Cross-check (ab_*): the trainer "
+    "with and without checkpoints, interleaved, same window (the steps after the warmup), (window with - "
+    "window without) / checkpoints in the window, median over repeats. The writer process and the moto "
+    "S3 server share the same cores as training here (on AWS, S3's side runs elsewhere), so with the "
+    "cores full their CPU shows up as lost training time; the spare-core layout shows what is left when "
+    "it has a core to run on. neighbour (spare-core layout): the same model's step in one process, blocks "
+    "alternating with a neighbour process doing a checkpoint's CPU work stopped and running, median ratio "
+    "of the blocks' median steps (bench.neighbour); cost_of_writer_cpu_s / cost_of_store_cpu_s = "
+    "(ratio - 1) x the writer process's / the store server's CPU time per checkpoint (median over the "
+    "runs: the trainer's checkpoint_write_cpu_s, the server process's CPU over the run, each over the "
+    "checkpoints written).")
 
 
 def checkpoints_in_window(start_step: int, end_step: int, every: int) -> int:
@@ -463,7 +451,7 @@ def recovery_section(plan: Plan, progress: Progress) -> dict:
     else:
         raise BenchError("recovery: " + " | ".join(failures))
     return {"status": "ok", **recovery_figures(events, result.attempts[0].summary,
-                                                result.attempts[1].summary, result.metrics),
+                                                result.attempts[1].summary, result.metrics).to_json(),
             "network_namespaces": not any("no network namespaces" in line for _, line in events),
             "failed_tries": failures,
             "job": {"hosts": 2, "steps": plan.recovery_steps,
@@ -472,7 +460,7 @@ def recovery_section(plan: Plan, progress: Progress) -> dict:
 
 
 def recovery_figures(events: list[tuple[float, str]], first: RunSummary | None, second: RunSummary | None,
-                     metrics: list[dict]) -> dict:
+                     metrics: list[dict]) -> Recovery:
     """Pure: from the flow's timestamped messages and the two attempts' summaries/metrics."""
     sigterm = [t for t, line in events if line.startswith("fault injection: reclaiming")]
     if not sigterm:
@@ -487,16 +475,15 @@ def recovery_figures(events: list[tuple[float, str]], first: RunSummary | None, 
         raise ValueError(f"no metrics after step {resumed_from} in the resumed attempt")
     reached = first.steps
     resubmitted = [t for t, line in events if line.startswith("attempt 2: submitted")]
-    return {
-        "sigterm_to_resumed_s": float(after[0]["time"]) - sigterm[0],
-        # of which: the interrupted attempt stopping (checkpoint, exit) and the flow resubmitting ...
-        "sigterm_to_resubmitted_s": resubmitted[0] - sigterm[0] if resubmitted else None,
-        "first_resumed_step": int(after[0]["step"]),
-        "interrupted_at_step": reached,
-        "resumed_from_step": int(resumed_from),
-        "steps_lost": reached - int(resumed_from),
-        "checkpoints_written_before_stop": first.checkpoints_written,
-    }
+    return Recovery(
+        sigterm_to_resumed_s=float(after[0]["time"]) - sigterm[0],
+        sigterm_to_resubmitted_s=resubmitted[0] - sigterm[0] if resubmitted else None,
+        first_resumed_step=int(after[0]["step"]),
+        interrupted_at_step=reached,
+        resumed_from_step=int(resumed_from),
+        steps_lost=reached - int(resumed_from),
+        checkpoints_written_before_stop=first.checkpoints_written,
+    )
 
 
 def plan_time_section(plan: Plan, progress: Progress) -> dict:
@@ -521,24 +508,7 @@ def plan_time_section(plan: Plan, progress: Progress) -> dict:
             "figures": json.loads(results.read_text())}
 
 
-def against_target(per_repeat: list[float], target: float | None = None) -> dict:
-    """Per-repeat ratios summarised: their median, its distribution-free 95 % interval (None with
-    fewer than 6 repeats) and, with a target, whether the median meets it and whether the interval
-    decides that (lies wholly on one side of the target)."""
-    ci = median_interval(per_repeat)
-    out = {"per_repeat": per_repeat, "median": median(per_repeat),
-           "interval": None if ci is None else [ci.low, ci.high]}
-    if target is not None:
-        out.update(target=target, met=out["median"] >= target,
-                   decided=ci is not None and (ci.low >= target or ci.high < target))
-    return out
-
-
-# Targets of issue 27's rows. The trainer against DDP keeps the headline's target (the trainer must
-# be no slower than what a user gets from torchrun and DDP), with the same DDP (as torchrun starts
-# it: one thread per worker, unpinned).
-IMAGE_EFFICIENCY_TARGET = 0.97
-IMAGE_PEER_TARGET = 1.0
+# Targets of issue 27's input-pipeline rows.
 DECODE_TARGET = 0.95
 READ_TARGET = 0.9
 
@@ -565,26 +535,9 @@ def image_task_section(plan: Plan, progress: Progress) -> dict:
             ddp_contender(shape, plan.timeout_s, name="ddp-pin", pin=True),
         ]
         comparison = run_comparison(contenders, "bare-hvd", plan.image_repeats, progress=progress)
-    return image_task_figures(comparison, shape)
-
-
-def image_task_figures(comparison: dict, shape: ImageShape) -> dict:
-    """Pure: the image section's ratios against their targets, from its comparison."""
-    samples = {name: c["samples"] for name, c in comparison["contenders"].items()}
-    return {
-        "status": "ok",
-        "comparison": comparison,
-        "data": "scikit-learn's 1797 handwritten digits (8x8 PNGs, cluster/example_data.py), packed with "
-                "`python -m train.data pack images --samples-per-shard 100` into a temp directory",
-        "window": f"steps {shape.warmup}..{shape.warmup + shape.steps} of every run "
-                  f"(the first {shape.warmup} are warmup and untimed for all contenders)",
-        "efficiency": against_target(comparison["ratios"]["trainer"]["per_repeat"], IMAGE_EFFICIENCY_TARGET),
-        "peer": {"trainer": against_target(paired_ratios(samples["trainer"], samples["ddp"]),
-                                           IMAGE_PEER_TARGET),
-                 "bare-hvd": against_target(paired_ratios(samples["bare-hvd"], samples["ddp"]))},
-        "peer_pinned": {name: against_target(paired_ratios(samples[name], samples["ddp-pin"]))
-                        for name in ("trainer", "bare-hvd") if "ddp-pin" in samples},
-    }
+    return {**peer_figures(comparison, shape),
+            "data": "scikit-learn's 1797 handwritten digits (8x8 PNGs, cluster/example_data.py), packed with "
+                    "`python -m train.data pack images --samples-per-shard 100` into a temp directory"}
 
 
 def input_pipeline_section(plan: Plan, progress: Progress) -> dict:
@@ -594,7 +547,7 @@ def input_pipeline_section(plan: Plan, progress: Progress) -> dict:
 
     comparison = loader_vs_bare(plan.decode_shape, plan.pipeline_repeats, progress)
     return {"status": "ok", "comparison": comparison,
-            "ratio": against_target(comparison["ratios"]["loader-worker"]["per_repeat"], DECODE_TARGET)}
+            "ratio": Ratio.of(comparison["ratios"]["loader-worker"]["per_repeat"], DECODE_TARGET).to_json()}
 
 
 def shard_read_section(plan: Plan, progress: Progress) -> dict:
@@ -604,4 +557,4 @@ def shard_read_section(plan: Plan, progress: Progress) -> dict:
 
     comparison = stream_vs_boto3(plan.read_shape, plan.pipeline_repeats, progress)
     return {"status": "ok", "comparison": comparison,
-            "ratio": against_target(comparison["ratios"]["shard-stream"]["per_repeat"], READ_TARGET)}
+            "ratio": Ratio.of(comparison["ratios"]["shard-stream"]["per_repeat"], READ_TARGET).to_json()}

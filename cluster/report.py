@@ -80,7 +80,15 @@ def report_data(result: FlowResult) -> ReportData:
 
 
 def draw(data: ReportData, path: Path, costs: list[NodeGroupCost] | None = None) -> Path:
-    """Write the picture as PNG (matplotlib's Agg canvas: no display, no pyplot state)."""
+    """Write the picture as PNG."""
+    fig = figure(data, costs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def figure(data: ReportData, costs: list[NodeGroupCost] | None = None):
+    """The picture: loss above, samples/s below, on matplotlib's Agg canvas (no display, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -122,9 +130,7 @@ def draw(data: ReportData, path: Path, costs: list[NodeGroupCost] | None = None)
         fig.text(0.01, 0.005, format_costs(costs).strip(), fontsize="x-small", va="bottom",
                  family="monospace", parse_math=False)   # "$" is money here, not TeX
     fig.tight_layout(rect=(0, 0.06 if costs else 0, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return fig
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import pulumi_kubernetes as k8s
 
 from infra import iam
 from infra.cluster import EksCluster
-from infra.nodegroups import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_KEY, NODE_POOL_LABEL, SYSTEM_POOL
+from infra.nodegroups import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, GPU_TAINT_KEY
 
 TRAINING_NAMESPACE = "training"
 TRAINING_SERVICE_ACCOUNT = "trainer"
@@ -165,8 +165,3 @@ class Platform(pulumi.ComponentResource):
             values=values,
             opts=opts,
         )
-
-
-def launcher_node_selector() -> dict[str, str]:
-    """Where MPIJob launchers go: the on-demand system nodes (cluster/mpijob.py LauncherNodes)."""
-    return {NODE_POOL_LABEL: SYSTEM_POOL}

@@ -23,10 +23,26 @@ def stack_names() -> list[str]:
     return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO_ROOT.glob("Pulumi.*.yaml"))
 
 
+class StackFileError(ValueError):
+    """A Pulumi.<stack>.yaml that is not YAML, or whose `config:` is not a mapping; the message names
+    the file and, for YAML errors, the line."""
+
+
 def stack_config(stack: str) -> dict[str, Any]:
     """The `config:` mapping of Pulumi.<stack>.yaml as Python values (not yet engine strings)."""
-    doc = yaml.safe_load(stack_file(stack).read_text()) or {}
-    return dict(doc.get("config") or {})
+    path = stack_file(stack)
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path.name}, line {mark.line + 1}" if mark is not None else path.name
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise StackFileError(f"{where}: not valid YAML ({problem})") from None
+    config = doc.get("config") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not isinstance(config, dict | None):
+        raise StackFileError(f"{path.name}: expected a mapping with a `config:` mapping of key: value "
+                             "(https://www.pulumi.com/docs/concepts/config/)")
+    return dict(config or {})
 
 
 def engine_config(config: Mapping[str, Any]) -> dict[str, str]:

@@ -20,16 +20,14 @@ from train.contract import cores_per_worker, cpu_share
 
 # Horovod's cycle time for CPU workers (its own default is 1 ms): how long its background thread
 # sleeps between rounds, so at most how long a step's ready gradients wait before their allreduce is
-# negotiated. A small model's step is latency-bound: at 2 workers on 2 cores 0.05 ms ran 1.10x as fast
-# as 0.5 ms (the earlier default; median of 10 and 8 interleaved repeats, two runs, intervals
-# 1.04-1.19 and 1.00-1.20), and 0.1 ms 1.04-1.06x; the waking thread's own CPU cost stays below that.
-# Measured in bench/ (the "cycle" settings of the tuning study).
+# negotiated. A small model's step is latency-bound: a short cycle gains more than the waking thread's
+# own CPU costs (the "cycle" settings of the tuning study, bench/RESULTS.md, against the earlier 0.5 ms).
 CPU_CYCLE_TIME_MS = 0.05
 
 # CPU workers allreduce all their gradients in one group, sent when the last is ready, instead of
 # each gradient as it comes: a worker's one core cannot overlap communication with the backward pass
 # anyway, and one fused allreduce per step replaces several (each with Horovod's negotiation round).
-# Measured in bench/ (the "groups1" setting of the tuning study): 1.14x DDP against 1.04x for the
+# Measured in bench/ (the "groups1" settings of the tuning study, bench/RESULTS.md) against the
 # per-gradient way with the same other settings.
 CPU_GRADIENT_GROUPS = 1
 
@@ -76,9 +74,9 @@ def idle_while_finishing() -> bool:
     From then on a worker writes its last checkpoint and waits: rank 0 on its checkpoint writer
     (niceness 19) and the store, the others at the exit barrier. Meanwhile Horovod's background thread
     keeps negotiating every cycle (0.05 ms on CPU workers) and a waiting collective spins: at normal
-    priority two waiting ranks filled both cores of a 2-core machine and the writer got ~1.5 % of one:
-    the 2-worker image test (three 10-step runs) took 149-253 s, with this 52-69 s (at a 5 ms cycle
-    44 s). SCHED_IDLE threads run only where nothing else wants the core. Once: an unprivileged thread
+    priority two waiting ranks filled both cores of a 2-core machine and starved the writer, which
+    made the 2-worker image test several times as long. SCHED_IDLE threads run only where nothing else
+    wants the core. Once: an unprivileged thread
     cannot leave SCHED_IDLE (RLIMIT_NICE), so only a process about to exit calls this. Threads started
     later inherit it. Returns whether every thread moved (a seccomp profile may refuse; the run goes
     on at normal priority then).

@@ -40,7 +40,6 @@ from train.storage import open_store
 
 FORMAT = "ringtrain-wds/1"
 INDEX = "index.json"
-KINDS = ("image", "tokens")
 
 
 def shard_name(i: int) -> str:

@@ -81,7 +81,7 @@ class Store:
 
     def mapped_file(self, key: str, digest: Digest) -> contextlib.AbstractContextManager[str]:
         """A context with the object as a file path to map (torch.load(path, mmap=True) then uses its
-        pages instead of copying them twice, which took 8 s a GB on this VM), its bytes fed to
+        pages instead of copying them twice), its bytes fed to
         `digest` on the way: a local store's own file; an S3 object fetched in parallel ranged GETs
         into an in-memory file (memfd), hashed in order as the parts arrive, whose pages stay as long as
         a mapping of them does. FileNotFoundError when it does not exist; ValueError when it is empty
@@ -195,8 +195,8 @@ def s3_client(endpoint_url: str | None):
             # botocore's CRC32 (its default since 1.36) nor its SigV4 payload sha256 (made over
             # http always, and over https once no checksum header is sent). Checkpoints carry
             # their own checksum in the manifest, checked on every read, and AWS traffic is TLS;
-            # each pass cost 20-50 ms of client CPU per 35 MB checkpoint (bench/, checkpoint
-            # stall). The request headers are still signed.
+            # each pass is client CPU taken from training (bench/, checkpoint stall). The request
+            # headers are still signed.
             request_checksum_calculation="when_required",
             s3={"payload_signing_enabled": False},
         ),
@@ -206,9 +206,9 @@ def s3_client(endpoint_url: str | None):
 class _HashedWrites:
     """A download target without seek: s3transfer then puts the ranged GETs' parts in order (its
     DeferQueue, DownloadNonSeekableOutputManager in s3transfer/download.py) and writes them from its one
-    IO thread, so the bytes are checksummed as they arrive, beside the transfers still in flight (hashing
-    the whole object after it cost a quarter of a 1 GB restore here). Into the file by write(2), not
-    through a mapping: 100 MB took 30 ms here, against 60-70 ms in page faults."""
+    IO thread, so the bytes are checksummed as they arrive, beside the transfers still in flight instead
+    of in a pass after them. Into the file by write(2), not through a mapping, whose page faults cost
+    more than the copy (bench/, checkpoint_throughput)."""
 
     def __init__(self, fd: int, digest: Digest):
         self._fd, self._digest = fd, digest

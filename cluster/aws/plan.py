@@ -33,7 +33,7 @@ from cluster.mpijob import SYSTEM_POOL
 from infra.catalog import Catalog, load_catalog
 from infra.config import ConfigError, Settings, settings_from_engine_config
 from infra.efa import efa_interface_count
-from infra.stacks import REPO_ROOT, engine_config, stack_config, stack_file, stack_names
+from infra.stacks import REPO_ROOT, StackFileError, engine_config, stack_config, stack_file, stack_names
 
 PRICE_REGION = "us-east-1"  # the region of the catalog's list prices
 CAPACITY_BLOCK = "CAPACITY_BLOCK"
@@ -226,7 +226,10 @@ def offline_plan(stack: str, run_hours: float, *, config: Mapping[str, Any] | No
         if not stack_file(stack).exists():
             raise PlanError(f"stack {stack!r} has no Pulumi.{stack}.yaml in {REPO_ROOT}: "
                             f"committed stacks are {', '.join(stack_names()) or '(none)'}")
-        config = stack_config(stack)
+        try:
+            config = stack_config(stack)
+        except StackFileError as exc:
+            raise PlanError(f"stack {stack!r}: {exc}") from None
     catalog = load_catalog()
     try:
         settings = settings_from_engine_config(engine_config(config))

@@ -20,7 +20,6 @@ import os
 import shutil
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -235,14 +234,3 @@ def write_kubeconfig(outputs: Mapping[str, Any], path: Path, *, stack: str) -> P
     finally:
         os.close(fd)
     return path
-
-
-@dataclass
-class StackSession:
-    """A named stack and how to reach it; builds the real AutomationStack on first use."""
-
-    stack: str
-    factory: Callable[[str], StackOps] = AutomationStack
-
-    def ops(self) -> StackOps:
-        return self.factory(self.stack)

@@ -51,6 +51,11 @@ class ObjectStore:
     def endpoint_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (the benchmarks lower its priority and count its CPU)."""
+        return None if self._proc is None else self._proc.pid
+
     def env(self) -> dict[str, str]:
         """Environment for a process that should use this store through boto3."""
         return {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint_url}

@@ -26,7 +26,8 @@ def test_the_readmes_performance_table_is_rendered_from_the_committed_results():
     assert table in readme, "run: .venv/bin/python -m bench.report --write"
     assert readme.count(report.README_BEGIN) == 1
     # The headline ratios, with the run's date and machine, and the way to the rest.
-    assert "| trainer / bare Horovod loop (samples/s) | 0.971× (0.926–1.073) | ≥ 0.97: met |" in table
+    assert "| trainer / bare Horovod loop (samples/s) | 0.971× (0.926–1.073) | ≥ 0.97: met (undecided) |" \
+        in table
     assert "| trainer / torch DDP over Gloo (samples/s) | 1.147× (1.053–1.233) | ≥ 1.0: met |" in table
     assert ("Measured 2026-12-06 by 5 runs of `scripts/bench` sections on 2 cores "
             "(Intel(R) Xeon(R) Processor)") in table
@@ -63,3 +64,29 @@ def test_the_table_replaces_only_its_block_and_a_readme_without_one_is_refused()
     assert report.replace_readme_table(readme, "NEW") == "# x\n\nbefore\nNEW\nafter\n"
     with pytest.raises(ValueError, match="README.md has no"):
         report.replace_readme_table("# x\n", "NEW")
+
+
+def test_the_readings_figures_are_filled_in_from_the_results_not_typed():
+    from bench.reading import typed_figures
+
+    template = report.READING.read_text()
+    assert typed_figures(template) == []
+    assert typed_figures("took 1.6 ms, 0.97× and 3 s; {recovery/steps_lost} steps") == \
+        ["1.6 ms", "0.97×", "3 s"]
+    results = _committed()
+    page = report.results_page(results, template)
+    assert "{" not in page.split("## Reading the figures")[1]
+    results["sections"]["recovery"]["sigterm_to_resumed_s"] = 123.4
+    assert "123.4 s from a host's SIGTERM to training resumed" in report.results_page(results, template)
+
+
+def test_a_figure_the_results_do_not_hold_is_named():
+    from bench.reading import fill
+
+    results = _committed()
+    with pytest.raises(ValueError, match=r"reading.md: \{nope/median\}: nope/median: no 'nope' in the"):
+        fill("a {nope/median} b", results)
+    with pytest.raises(ValueError, match=r"needs a format"):
+        fill("{recovery/sigterm_to_resumed_s}", results)
+    assert fill("{headline/efficiency|verdict} / {checkpoint_stall/sizes/0|verdict}", results) == \
+        "met (undecided) / no verdict: the write outlasts 4/5 of the interval"

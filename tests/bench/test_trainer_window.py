@@ -73,13 +73,13 @@ def test_recovery_figures():
     second = run_summary(resumed_from_step=73)
     metrics = [{"step": 75, "time": 1041.0}, {"step": 74, "time": 1040.5}, {"step": 73, "time": 999.0}]
     got = recovery_figures(events, first, second, metrics)
-    assert got["sigterm_to_resumed_s"] == pytest.approx(30.5)
-    assert got["sigterm_to_resubmitted_s"] == pytest.approx(20.0)
-    assert got["first_resumed_step"] == 74
-    assert got["steps_lost"] == 0 and got["interrupted_at_step"] == 73
+    assert got.sigterm_to_resumed_s == pytest.approx(30.5)
+    assert got.sigterm_to_resubmitted_s == pytest.approx(20.0)
+    assert got.first_resumed_step == 74
+    assert got.steps_lost == 0 and got.interrupted_at_step == 73
     # Resumed from an older checkpoint: the steps in between are lost work.
     assert recovery_figures(events, run_summary(steps=73), run_summary(resumed_from_step=50),
-                            [{"step": 51, "time": 1050.0}])["steps_lost"] == 23
+                            [{"step": 51, "time": 1050.0}]).steps_lost == 23
 
 
 def test_recovery_figures_need_a_reclaim_and_a_resume():
@@ -186,3 +186,35 @@ def test_stall_estimate_gives_an_interval_for_its_median_once_there_are_enough_c
     assert low == pytest.approx(0.001) and high == pytest.approx(0.006)  # 6 values: the extremes (96.9 %)
     assert low <= est["lost_per_checkpoint_s"] <= high
     assert stall_estimate([d], [20, 40, 60], every=20)["lost_interval_s"] is None  # 3 values: too few
+
+
+def _stall_record(steps: int, slow_after: set[int], cpu_s: float = 0.0, written: int = 0) -> dict:
+    """A TrainerRun.run record of a run logging every step: 1 ms steps, 5 ms where `slow_after` says."""
+    times, t = {}, 0.0
+    for step in range(1, steps + 1):
+        t += 0.005 if step in slow_after else 0.001
+        times[step] = t
+    return {"records": records(times), "window_s": t - times[8], "checkpoint_write_max_s": 0.002,
+            "checkpoints_written": written, "checkpoint_wait_s": 0.0, "checkpoints_deferred": 0,
+            "checkpoint_write_cpu_s": cpu_s, "store_cpu_s": cpu_s / 2, "run_id": "r"}
+
+
+def test_a_stall_row_is_computed_from_its_runs_records_and_read_back_from_the_results():
+    from bench.figures import StallRow
+    from bench.sections import SPARE_CORE, stall_row
+
+    size = StallSize(256, every=8, steps=24, warmup=8)   # checkpoints measured after steps 16 and 24
+    runs = {"checkpoints": [_stall_record(32, {17, 25}, cpu_s=0.03, written=3)] * 2,
+            "no-checkpoints": [_stall_record(32, set())] * 2}
+    row = stall_row(SPARE_CORE, size, runs, nbytes=700_000)
+    assert row.layout == SPARE_CORE.name and row.workers == 1 and row.every == 8
+    assert row.baseline_step_s == pytest.approx(0.001)
+    assert row.lost_per_checkpoint_s == pytest.approx(0.004)      # the one slow step's excess
+    assert row.null_lost_per_checkpoint_s == pytest.approx(0.0)   # nothing written: nothing found
+    assert row.checkpoints_measured == 4 and row.lost_interval_s is None   # too few for an interval
+    assert row.lost_in_steps == pytest.approx(4.0) and not row.below_one_step
+    assert row.verdict() == "not met"
+    assert row.writer_cpu_per_checkpoint_s == pytest.approx(0.01)  # 30 ms over 3 checkpoints
+    assert row.store_cpu_per_checkpoint_s == pytest.approx(0.005)
+    assert row.ab_lost_per_repeat_s == pytest.approx((0.008 / 2,) * 2)  # 2 checkpoints in the window
+    assert StallRow.from_json(row.to_json()) == row

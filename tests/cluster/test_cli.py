@@ -14,7 +14,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RINGTRAIN = Path(sys.executable).parent / "ringtrain"
-SUBCOMMANDS = ("run", "plan", "up", "down", "status", "submit", "logs", "data", "bench")
+SUBCOMMANDS = ("run", "plan", "up", "down", "status", "submit", "logs", "data")
 
 
 def ringtrain(*args, env=None, timeout=300):
@@ -47,8 +47,6 @@ def test_each_subcommand_has_help_with_an_example(name):
         assert "--stack" in done.stdout and f"ringtrain {name} --stack" in done.stdout
     if name == "run":
         assert "--run-dir" in done.stdout and "report.png" in done.stdout
-    if name == "bench":
-        assert "usage: ringtrain bench" in done.stdout and "--sections" in done.stdout
     if name == "data":
         assert "usage: ringtrain data" in done.stdout and "generate" in done.stdout and "pack" in done.stdout
 
@@ -102,7 +100,7 @@ def test_unknown_arguments_are_refused():
 
 
 @pytest.mark.parametrize("script,command", [("run", "run"), ("plan", "plan"), ("up", "up"), ("down", "down"),
-                                            ("submit", "submit"), ("bench", "bench")])
+                                            ("submit", "submit")])
 def test_scripts_are_thin_wrappers_of_the_one_command(script, command):
     path = REPO_ROOT / "scripts" / script
     text = path.read_text()

@@ -267,19 +267,6 @@ def test_cli_bad_input_is_one_message_and_exit_2_without_traceback():
     assert "Traceback" not in done.stderr
 
 
-def test_cli_aws_backend_absent_is_a_clear_error(monkeypatch, capsys):
-    import importlib.util
-
-    from cluster import cli
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(cli.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "cluster.aws.backend" else real(name, *a))
-    assert cli.main(["run", "--backend", "aws", "--stack", "dev"]) == cli.EXIT_FAILED
-    err = capsys.readouterr().err
-    assert "AWS backend (cluster/aws/backend.py) is not in this checkout" in err
-
-
 HOROVODRUN_FAILURE = [
     "Process 1 exit with status code 2.",
     "Terminating remaining workers after failure of Process 1.",

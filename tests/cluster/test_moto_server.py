@@ -56,7 +56,7 @@ def test_metadata_names_keep_their_underscores(object_store, s3_bucket):
 
 def test_the_reaper_recognizes_the_store_process(object_store, tmp_path):
     found = reaper._processes_of(tmp_path, [object_store.host, object_store.port])
-    assert object_store._proc.pid in [p.pid for p in found]
+    assert object_store.pid in [p.pid for p in found]
 
 
 def test_a_port_in_use_is_one_clear_error(object_store, capsys):

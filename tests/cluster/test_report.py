@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cluster.flow import Attempt, FlowResult, Reclaim
-from cluster.report import PICTURE_NAME, report_data, write_run_report
+from cluster.report import PICTURE_NAME, figure, report_data, write_run_report
 from tests.summaries import run_summary
 
 
@@ -73,6 +73,18 @@ def test_the_run_writes_a_picture_that_is_not_blank(tmp_path):
     with Image.open(files.picture) as img:
         pixels = {colour for _, colour in img.convert("RGB").getcolors(maxcolors=1 << 20)}
     assert (214, 39, 40) in pixels and (44, 160, 44) in pixels     # tab:red, tab:green
+
+
+def test_the_picture_has_each_attempts_loss_and_throughput_curve():
+    data = report_data(reclaimed_and_resumed())
+    loss_ax, speed_ax = figure(data).axes
+    assert (loss_ax.get_ylabel(), speed_ax.get_ylabel()) == ("loss", "samples/s")
+    for ax, values in ((loss_ax, "loss"), (speed_ax, "samples_per_sec")):
+        curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                  for line in ax.get_lines() if line.get_marker() == "."}
+        assert curves == {
+            "attempt 1": (data.attempts[0].steps, getattr(data.attempts[0], values)),
+            "attempt 2 (resumed from 23)": (data.attempts[1].steps, getattr(data.attempts[1], values))}
 
 
 def test_the_summary_and_every_attempts_metrics_are_beside_the_picture(tmp_path):
