@@ -32,7 +32,7 @@ def test_plan_json_for_machines(capsys):
 
 
 @pytest.mark.parametrize("args,code,message", [
-    (["plan", "--stack", "nope"], 1, "plan: error: stack 'nope' has no Pulumi.nope.yaml"),
+    (["plan", "--stack", "nope"], 2, "plan: error: stack 'nope' has no Pulumi.nope.yaml"),
     (["plan", "--stack", "dev", "--hours", "-1"], 2, "argument --hours: -1: allowed are 0 .. 8784 hours"),
     (["down", "--stack", "dev", "--confirm", "dev"], 2, "down: error: --confirm: only with --delete-data"),
     (["submit", "--stack", "dev", "--job-name", "j", "--outputs", "/nonexistent.json", "--dry-run"], 2,
