@@ -84,6 +84,26 @@ class TaskContext:
     local_size: int
 
 
+@dataclass(frozen=True)
+class Example:
+    """Data to try a task on and the flags that size the task for it (a small model on CPU workers): what
+    `ringtrain run --task X` trains on when given no --data. The cluster's flow writes it into its datasets
+    bucket once, at datasets/<name>/train and datasets/<name>/eval, by running `commands` on the machine
+    that runs the flow (from the repository, with the store's environment), and adds the flags the user
+    did not give."""
+
+    name: str  # its folder in the datasets bucket
+    description: str  # what it is, in a few words
+    # argv lists, in order, with {python} (this interpreter), {train} and {eval} (the dataset URIs) and
+    # {scratch} (an empty local directory they may use) filled in
+    commands: tuple[tuple[str, ...], ...]
+    flags: tuple[tuple[str, str], ...] = ()
+
+    def argv(self, python: str, train: str, eval: str, scratch: str) -> list[list[str]]:
+        fill = {"python": python, "train": train, "eval": eval, "scratch": scratch}
+        return [[part.format(**fill) for part in command] for command in self.commands]
+
+
 class Task:
     """Subclass this and override what your task needs (build_model, train_batches and loss at least).
 
@@ -102,6 +122,11 @@ class Task:
         """Problems with the task's flags, one message each naming the flag and what is allowed. Pure:
         every rank must reach the same verdict."""
         return []
+
+    @classmethod
+    def example(cls) -> Example | None:
+        """Data to try the task on without --data (see Example), or None: the user must give --data."""
+        return None
 
     def __init__(self, args: argparse.Namespace, ctx: TaskContext):
         self.args = args
