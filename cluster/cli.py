@@ -35,11 +35,12 @@ from cluster.mpi_operator import check_job_name
 from cluster.run_data import DatasetSpec, RunData, plan_run_data
 from cluster.usage import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from train.contract import EXIT_BAD_INPUT
+from train.task import DEFAULT_TASK
+from train.tasks.demo import MODELS as DEMO_MODELS  # (imports no torch)
 
 if TYPE_CHECKING:
     from cluster.local.backend import LocalBackend
 
-MODELS = ("mlp", "cnn")
 RUNS_DIR = Path("runs")   # run directories, relative to where `ringtrain run` is started
 
 
@@ -124,12 +125,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="job name: lower-case letters, digits, '-'; it names the job's checkpoints, "
                             "which a later job of that name resumes from (default: the task's name)")
     train.add_argument("--steps", type=int, default=300, help="optimizer steps in total (default 300)")
-    train.add_argument("--task", default="demo",
+    train.add_argument("--task", default=DEFAULT_TASK,
                        help="what to train (default demo): a built-in task (demo, image, lm: each with "
                             "example data written for it and, image and lm, a small model) or "
                             "pkg.module:Class or path/to/file.py:Class (give its --data); the task's own "
                             "flags and --data go after `--` (see `python -m train --task X --help`)")
-    train.add_argument("--model", choices=MODELS, default=None, help="the demo task's model (default mlp)")
+    train.add_argument("--model", choices=DEMO_MODELS, default=None,
+                       help="the demo task's model (default: the task's, mlp)")
     train.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
     train.add_argument("--checkpoint-every", type=int, default=25,
                        help="steps between checkpoints (default 25); 0: no periodic checkpoints, only the "
@@ -193,10 +195,10 @@ def check_args(a: argparse.Namespace) -> None:
     sizes = [v for v in (a.dataset_shards, a.samples_per_shard) if v is not None]
     if any(v < 1 for v in sizes):
         problems.append("--dataset-shards and --samples-per-shard: must be >= 1")
-    if sizes and a.task != "demo":
+    if sizes and a.task != DEFAULT_TASK:
         problems.append("--dataset-shards/--samples-per-shard: the demo's generated dataset; "
                         f"--task {a.task} trains on its own data")
-    if a.model is not None and a.task != "demo":
+    if a.model is not None and a.task != DEFAULT_TASK:
         problems.append(f"--model {a.model}: the demo task's model; --task {a.task} takes its own flags "
                         f"after `--` (see `python -m train --task {a.task} --help`)")
     if a.min_hosts is not None and not a.elastic:
@@ -288,7 +290,7 @@ def job_from_args(a: argparse.Namespace) -> JobSpec:
     extra = _extra_trainer_args(a)
     # --task and the task's flags travel in the trainer's argv (a task file path must be where the
     # workers can read it: the same path on the local backend's hosts; in the image on AWS).
-    task_args = (["--model", a.model or "mlp"] if a.task == "demo"
+    task_args = ((["--model", a.model] if a.model else []) if a.task == DEFAULT_TASK
                  else ["--task", task_spec_for_workers(a.task)])
     trainer_args = [*task_args, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
                     "--checkpoint-every", str(a.checkpoint_every), "--seed", str(a.seed),

@@ -39,6 +39,14 @@ from cluster.backend import BackendError, Storage
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 from cluster.node_room import worker_cpu_request, worker_memory_limit_gib
+from train.contract import (
+    LAUNCHER_TAG_SUFFIX,
+    NODE_POOL_LABEL,
+    STOP_GRACE_ENV,
+    SYSTEM_POOL,
+    WORKER_TERMINATION_GRACE_S,
+    stop_grace_s,
+)
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -66,24 +74,8 @@ EXPECT_EFA_ENV = "RINGTRAIN_EXPECT_EFA"
 # pods only: horovodrun exports the launcher's environment to every rank, so it carries none of them.
 NETWORK_ENV = "RINGTRAIN_NETWORK"
 SELFTEST_SWITCH_ENV = "RINGTRAIN_SELFTEST"
-# scripts/image-build pushes the launcher target as <repository>:<tag>-launcher beside each worker tag
-# (image/build.py LAUNCHER_TAG_SUFFIX; tests keep the two equal).
-LAUNCHER_TAG_SUFFIX = "-launcher"
-# A spot reclaim drains the worker's node: the kubelet sends SIGTERM to the pod's PID 1 (the image
-# entrypoint, which forwards it to the trainer ranks) and SIGKILL when this grace period ends. The ranks
-# need it to reach a step boundary and let rank 0 write a checkpoint; the instance itself goes two
-# minutes after the interruption notice, so longer buys nothing. The entrypoint waits at most
-# RINGTRAIN_STOP_GRACE_S (100 s by default) for the trainers, then up to 5 s for sshd: both must fit
-# inside this, with slack, or the SIGKILL lands mid-checkpoint.
-WORKER_TERMINATION_GRACE_S = 120
-STOP_GRACE_ENV = "RINGTRAIN_STOP_GRACE_S"
-STOP_GRACE_MARGIN_S = 10      # the entrypoint's time to stop sshd after the trainers, plus slack
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-# The label infra/nodegroups.py puts on every node: the node group's config name ("system" for the
-# on-demand CPU group).
-NODE_POOL_LABEL = "ringtrain.io/node-pool"
-SYSTEM_POOL = "system"
 # Labels EKS managed node groups put on every node (EKS user guide, managed node groups).
 CAPACITY_TYPE_LABEL = "eks.amazonaws.com/capacityType"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -253,19 +245,12 @@ def _env(job: JobSpec, storage: Storage) -> list[dict[str, str]]:
 
 def check_stop_grace(env: list[dict[str, str]]) -> None:
     """A RINGTRAIN_STOP_GRACE_S the job sets must leave the entrypoint time to finish before the SIGKILL."""
-    limit = WORKER_TERMINATION_GRACE_S - STOP_GRACE_MARGIN_S
     for item in env:
-        if item["name"] != STOP_GRACE_ENV:
-            continue
-        try:
-            value = float(item["value"])
-        except ValueError:
-            value = -1.0
-        if not 0 <= value <= limit:
-            raise MPIJobError(
-                f"{STOP_GRACE_ENV}={item['value']!r}: allowed are 0..{limit} seconds (the worker pod's "
-                f"terminationGracePeriodSeconds is {WORKER_TERMINATION_GRACE_S}, the spot notice)"
-            )
+        if item["name"] == STOP_GRACE_ENV:
+            try:
+                stop_grace_s({STOP_GRACE_ENV: item["value"]})
+            except ValueError as e:
+                raise MPIJobError(str(e)) from None
 
 
 def launcher_image_for(image: str) -> str:

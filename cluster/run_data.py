@@ -1,18 +1,17 @@
 """What a run trains on when the trainer is given no `--data`: the flow (cluster/flow.py) writes it into
 the datasets bucket before the first attempt, unless its index is there already.
 
-    demo    the generated dataset (`python -m train.data generate`), at the backend's dataset URI
-    image   scikit-learn's handwritten digits (cluster/example_data.py) packed as image shards:
-            s3://<datasets bucket>/datasets/digits/train and .../digits/eval
-    lm      a few packages of this Python's standard library source packed as byte-token shards:
-            .../datasets/stdlib/train and .../stdlib/eval
+    demo        the generated dataset (`python -m train.data generate`), at the backend's dataset URI,
+                sized by `ringtrain run --dataset-shards/--samples-per-shard`
+    other tasks the task's own example (train.task.Task.example: e.g. image, scikit-learn's digits; lm,
+                the standard library's source), at s3://<datasets bucket>/datasets/<name>/train and
+                .../eval, with the example's flags (a small model), so that `ringtrain run --task X`
+                trains in a few minutes on CPU workers
 
-The example data comes with the example's sizes (EXAMPLE_FLAGS: a small model at a small resolution),
-so that `ringtrain run --task image|lm` trains in a few minutes on CPU workers; a flag the user gives
-after `--` wins. A `--data` given after `--` is used as is and nothing is written. Another task
-without `--data` is refused before anything starts: there is no data to prepare for it.
+A flag the user gives after `--` wins over the example's. A `--data` given after `--` is used as is and
+nothing is written. A task without an example and without `--data` is refused before anything starts.
 
-    data = plan_run_data("image", trainer_args, DatasetSpec())   # pure
+    data = plan_run_data("image", trainer_args, DatasetSpec())
     data.dataset.uris(storage), data.dataset.commands(uris, scratch_dir)
 """
 
@@ -27,21 +26,8 @@ from pathlib import Path
 from cluster.backend import Storage
 from cluster.usage import UsageError
 from infra.storage_layout import dataset_uri
-
-# The standard library packages packed for `lm`: about 2.7 MB of Python source, 21 k samples of 128 + 1
-# bytes; the whole library would be ~10x that, for no better example.
-STDLIB_PACKAGES = ("asyncio", "email", "json", "http", "logging", "unittest", "xml")
-
-# The examples' sizes for CPU workers: 2 workers sharing 2 cores train 300 steps with a reclaim and a
-# resume in a few minutes. image: ShuffleNet V2 (1.3 M parameters for 10 classes: a 15 MB checkpoint with
-# Adam's moments, 9-11 s to write on a loaded 2-core machine, inside the local reclaim's 30 s default
-# grace; ResNet-18's 134 MB is not) learns the digits at 32 px (measured, 1 worker, 100 steps: loss
-# 2.40 -> 1.59, top-1 0.55).
-EXAMPLE_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
-    "image": (("--model", "shufflenet_v2_x1_0"), ("--image-size", "32"), ("--loader-workers", "1"),
-              ("--optimizer", "adam"), ("--lr", "0.002")),
-    "lm": (("--layers", "2"), ("--heads", "4"), ("--dim", "64"), ("--optimizer", "adam"), ("--lr", "0.001")),
-}
+from train.errors import BadInput
+from train.task import BUILTIN_TASKS, DEFAULT_TASK, Example, Task, load_task
 
 
 def given(args: Sequence[str], flag: str) -> bool:
@@ -104,55 +90,21 @@ class DatasetSpec(Dataset):
 
 
 @dataclass(frozen=True)
-class DigitsImages(Dataset):
-    """scikit-learn's 1797 handwritten digits as image shards, a tenth set aside for evaluation."""
+class TaskExample(Dataset):
+    """A task's example data (train.task.Example) in the datasets bucket: datasets/<name>/train and /eval."""
 
-    samples_per_shard: int = 100
-    eval_fraction: float = 0.1
-
-    def uris(self, storage: Storage) -> DataUris:
-        bucket = _datasets_bucket(storage)
-        return DataUris(dataset_uri(bucket, "digits/train"), dataset_uri(bucket, "digits/eval"))
-
-    def commands(self, uris: DataUris, scratch: Path) -> list[list[str]]:
-        folder = str(scratch / "digits")
-        return [[sys.executable, "-m", "cluster.example_data", "digits", "--out", folder],
-                [sys.executable, "-m", "train.data", "pack", "images", "--src", folder, "--out", uris.train,
-                 "--eval-out", str(uris.eval), "--eval-fraction", str(self.eval_fraction),
-                 "--samples-per-shard", str(self.samples_per_shard)]]
-
-    def describe(self) -> str:
-        return "scikit-learn's handwritten digits, packed as image shards"
-
-
-@dataclass(frozen=True)
-class StdlibText(Dataset):
-    """A few packages of this Python's standard library source as byte-token shards."""
-
-    packages: tuple[str, ...] = STDLIB_PACKAGES
-    seq_len: int = 128
-    samples_per_shard: int = 1000
-    eval_fraction: float = 0.02
+    example: Example
 
     def uris(self, storage: Storage) -> DataUris:
         bucket = _datasets_bucket(storage)
-        return DataUris(dataset_uri(bucket, f"stdlib-seq{self.seq_len}/train"),
-                        dataset_uri(bucket, f"stdlib-seq{self.seq_len}/eval"))
+        return DataUris(dataset_uri(bucket, f"{self.example.name}/train"),
+                        dataset_uri(bucket, f"{self.example.name}/eval"))
 
     def commands(self, uris: DataUris, scratch: Path) -> list[list[str]]:
-        from cluster.example_data import stdlib_source
-
-        root = stdlib_source()
-        return [[sys.executable, "-m", "train.data", "pack", "text",
-                 "--src", *(str(root / p) for p in self.packages), "--out", uris.train,
-                 "--eval-out", str(uris.eval), "--eval-fraction", str(self.eval_fraction),
-                 "--seq-len", str(self.seq_len), "--samples-per-shard", str(self.samples_per_shard)]]
+        return self.example.argv(sys.executable, uris.train, str(uris.eval), str(scratch))
 
     def describe(self) -> str:
-        return f"the Python standard library's source ({', '.join(self.packages)}), packed as byte tokens"
-
-
-EXAMPLE_DATA: dict[str, Dataset] = {"image": DigitsImages(), "lm": StdlibText()}
+        return self.example.description
 
 
 @dataclass(frozen=True)
@@ -162,16 +114,26 @@ class RunData:
 
 
 def plan_run_data(task: str, trainer_args: Sequence[str], demo: DatasetSpec) -> RunData:
-    """The data a run of `task` trains on, given the trainer's arguments (pure). Raises UsageError for
-    a task this command has no data for when the arguments give none."""
+    """The data a run of `task` trains on, given the trainer's arguments. Raises UsageError for a task
+    without an example when the arguments give no data (and for a task that does not load)."""
     if given(trainer_args, "--data"):
         return RunData(None)
-    if task == "demo":
+    if task == DEFAULT_TASK:
         return RunData(demo)
-    if task in EXAMPLE_DATA:
-        flags = [part for flag, value in EXAMPLE_FLAGS[task] if not given(trainer_args, flag)
+    example = _task_class(task).example()
+    if example is not None:
+        flags = [part for flag, value in example.flags if not given(trainer_args, flag)
                  for part in (flag, value)]
-        return RunData(EXAMPLE_DATA[task], tuple(flags))
+        return RunData(TaskExample(example), tuple(flags))
+    with_examples = [DEFAULT_TASK] + [n for n in BUILTIN_TASKS if n != DEFAULT_TASK
+                                      and _task_class(n).example() is not None]
     raise UsageError(f"--task {task}: no --data after `--`, and this command prepares data only for the "
-                     f"built-in tasks ({', '.join(['demo', *EXAMPLE_DATA])}); give the task's data, e.g. "
+                     f"built-in tasks ({', '.join(with_examples)}); give the task's data, e.g. "
                      "`-- --data s3://bucket/prefix`, `-- --data /shared/dir` or `-- --data synthetic`")
+
+
+def _task_class(task: str) -> type[Task]:
+    try:
+        return load_task(task)
+    except BadInput as e:
+        raise UsageError(str(e)) from None

@@ -37,6 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Run as a script (scripts/image-build), not from the repository root: make `import train.*` work
+# without relying on the editable install. train/contract.py is standard library only.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from train.contract import LAUNCHER_TAG_SUFFIX  # noqa: E402  (the MPIJob's launcher image names it)
+
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -107,8 +115,6 @@ class Target:
     tag_suffix: str
 
 
-# The MPIJob's launcher names `<repository>:<version>` + LAUNCHER_TAG_SUFFIX (a test keeps cluster/ equal).
-LAUNCHER_TAG_SUFFIX = "-launcher"
 TRAIN = Target("train", "ringtrain-train", "")
 LAUNCHER = Target("launcher", "ringtrain-launcher", LAUNCHER_TAG_SUFFIX)
 TARGETS = (TRAIN, LAUNCHER)

@@ -38,6 +38,7 @@ from infra.catalog import Catalog
 from infra.cluster import EksCluster
 from infra.config import CapacityBlock, NodeGroupConfig, SystemNodesConfig
 from infra.efa import efa_interface_count, efa_interfaces
+from train.contract import NODE_POOL_LABEL, SYSTEM_POOL  # (the MPIJob selects on them too)
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 CPU_AMI_TYPE = "AL2023_x86_64_STANDARD"
@@ -53,8 +54,6 @@ SYSTEM_ROOT_VOLUME_GIB = 50
 # profile assigned to the worker node" (hop limit 1).
 IMDS_HOP_LIMIT = 1
 
-NODE_POOL_LABEL = "ringtrain.io/node-pool"
-SYSTEM_POOL = "system"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 # The label AWS's EFA device-plugin examples select on (aws-ia/terraform-aws-eks-blueprints patterns).
 EFA_PRESENT_LABEL = "vpc.amazonaws.com/efa.present"

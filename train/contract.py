@@ -1,17 +1,61 @@
-"""What the trainer promises whoever launches it: its exit codes and how a machine's cores are split
-between its CPU workers. They live with the trainer, which the worker image carries alone; `cluster/`
-(the launchers, both backends) imports them from here, so there is one definition of each.
+"""What the trainer promises whoever launches it, and what the launchers, the image and the stack must
+agree on: exit codes, how a machine's cores are split between CPU workers, the seconds a stop may take,
+the node-pool label, the launcher image's tag. They live with the trainer, which the worker image
+carries alone; `cluster/`, `infra/` and `image/` import them from here, so there is one definition of
+each (and no test keeping copies equal).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 # Exit code of `python -m train` when it stopped on SIGTERM after writing a checkpoint: the run
 # is interrupted but resumable. 75 is EX_TEMPFAIL from sysexits.h ("try again later").
 EXIT_INTERRUPTED_RESUMABLE = 75
 # Exit code of `python -m train` for bad input (arguments, dataset, endpoint, credentials).
 EXIT_BAD_INPUT = 2
+
+# A spot reclaim drains the worker's node: the kubelet sends SIGTERM to the pod's PID 1 (the image's
+# entrypoint, which forwards it to the trainer ranks) and SIGKILL when the pod's
+# terminationGracePeriodSeconds end (cluster/mpijob.py sets it). The instance itself goes two minutes
+# after the interruption notice, so longer buys nothing ("a warning that is issued two minutes before
+# Amazon EC2 stops or terminates your Spot Instance":
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html).
+WORKER_TERMINATION_GRACE_S = 120
+# Of those, the trainers get RINGTRAIN_STOP_GRACE_S to reach a step boundary, checkpoint and exit (the
+# entrypoint waits that long; the trainer measures its stop's checkpoint against it); the rest is the
+# entrypoint's, to stop sshd after the trainers (image/ringtrain_entry/supervisor.py SSHD_STOP_S), plus
+# slack: a grace beyond MAX_STOP_GRACE_S would let the SIGKILL land mid-checkpoint.
+STOP_GRACE_ENV = "RINGTRAIN_STOP_GRACE_S"
+DEFAULT_STOP_GRACE_S = 100.0
+STOP_GRACE_MARGIN_S = 10
+MAX_STOP_GRACE_S = WORKER_TERMINATION_GRACE_S - STOP_GRACE_MARGIN_S
+
+# The label infra/nodegroups.py puts on every node: its node group's config name, SYSTEM_POOL for the
+# on-demand CPU group; the MPIJob's selectors and the AWS backend's node queries name it.
+NODE_POOL_LABEL = "ringtrain.io/node-pool"
+SYSTEM_POOL = "system"
+# image/build.py pushes the launcher target as <repository>:<tag> + this beside each worker tag; the
+# MPIJob's launcher runs that image (cluster/mpijob.py launcher_image_for).
+LAUNCHER_TAG_SUFFIX = "-launcher"
+
+
+def stop_grace_s(environ: Mapping[str, str] = os.environ) -> float:
+    """RINGTRAIN_STOP_GRACE_S in seconds (default DEFAULT_STOP_GRACE_S). ValueError, naming the value and
+    the one allowed range, for anything that is not a number from 0 to MAX_STOP_GRACE_S."""
+    raw = environ.get(STOP_GRACE_ENV)
+    if raw is None:
+        return DEFAULT_STOP_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_STOP_GRACE_S:  # (NaN fails too)
+        raise ValueError(f"{STOP_GRACE_ENV}={raw!r}: allowed are 0..{MAX_STOP_GRACE_S} seconds (the worker "
+                         f"pod's terminationGracePeriodSeconds is {WORKER_TERMINATION_GRACE_S}, the spot "
+                         f"notice, less {STOP_GRACE_MARGIN_S} s for the entrypoint to stop sshd)")
+    return value
 
 
 def cores_per_worker(cpus: int, workers: int) -> int:

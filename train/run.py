@@ -39,15 +39,15 @@ def run(cfg: TrainConfig) -> int:
 
     hvd.init()
     check_horovod_runtime(cfg, hvd)
-    trainer = Trainer(cfg, hvd, STOP)
     if cfg.horovod.elastic:
         from train.elastic import run_elastic
 
-        return run_elastic(trainer, hvd)
+        return run_elastic(Trainer(cfg, hvd, STOP), hvd)
 
     error = None
     found = None
     try:
+        trainer = Trainer(cfg, hvd, STOP)  # (it constructs the task: the task's errors are agreed on too)
         found = trainer.prepare_inputs()
     except BadInput as e:
         error = str(e)

@@ -10,17 +10,17 @@ import os
 import signal
 import time
 
-# Seconds a stop may take from SIGTERM: the image's entrypoint gives the trainers
-# RINGTRAIN_STOP_GRACE_S (default 100, image/ringtrain_entry/settings.py) of the pod's 120 s grace period.
-STOP_BUDGET_ENV = "RINGTRAIN_STOP_GRACE_S"
-DEFAULT_STOP_BUDGET_S = 100.0
+from train.contract import stop_grace_s
+from train.errors import BadInput
 
 
 def stop_budget_s(environ=os.environ) -> float:
+    """Seconds a stop may take from SIGTERM: what the image's entrypoint gives the trainers of the pod's
+    grace period (RINGTRAIN_STOP_GRACE_S, train.contract). BadInput for a value outside its range."""
     try:
-        return float(environ.get(STOP_BUDGET_ENV, DEFAULT_STOP_BUDGET_S))
-    except ValueError:
-        return DEFAULT_STOP_BUDGET_S
+        return stop_grace_s(environ)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
 
 
 class StopRequest:

@@ -13,7 +13,8 @@ spot-safe stops, elastic mode, metrics and progress. The shape follows Lightning
     python -m train --task ./my_task.py:MyTask  # a file anywhere
 
 Every rank parses the arguments and imports the task itself, so a bad argument or a task that does
-not load is reported by every rank alike, with exit code 2 and one message (train.errors.BadInput).
+not load is reported by every rank alike, with exit code 2 and one message (train.errors.BadInput); so
+is an error the task's constructor or `prepare` raises (task_code), named with where it was raised.
 
 A minimal task (see tests/train/user_task.py for one that trains):
 
@@ -47,7 +48,9 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +84,26 @@ class TaskContext:
     local_size: int
 
 
+@dataclass(frozen=True)
+class Example:
+    """Data to try a task on and the flags that size the task for it (a small model on CPU workers): what
+    `ringtrain run --task X` trains on when given no --data. The cluster's flow writes it into its datasets
+    bucket once, at datasets/<name>/train and datasets/<name>/eval, by running `commands` on the machine
+    that runs the flow (from the repository, with the store's environment), and adds the flags the user
+    did not give."""
+
+    name: str  # its folder in the datasets bucket
+    description: str  # what it is, in a few words
+    # argv lists, in order, with {python} (this interpreter), {train} and {eval} (the dataset URIs) and
+    # {scratch} (an empty local directory they may use) filled in
+    commands: tuple[tuple[str, ...], ...]
+    flags: tuple[tuple[str, str], ...] = ()
+
+    def argv(self, python: str, train: str, eval: str, scratch: str) -> list[list[str]]:
+        fill = {"python": python, "train": train, "eval": eval, "scratch": scratch}
+        return [[part.format(**fill) for part in command] for command in self.commands]
+
+
 class Task:
     """Subclass this and override what your task needs (build_model, train_batches and loss at least).
 
@@ -99,6 +122,11 @@ class Task:
         """Problems with the task's flags, one message each naming the flag and what is allowed. Pure:
         every rank must reach the same verdict."""
         return []
+
+    @classmethod
+    def example(cls) -> Example | None:
+        """Data to try the task on without --data (see Example), or None: the user must give --data."""
+        return None
 
     def __init__(self, args: argparse.Namespace, ctx: TaskContext):
         self.args = args
@@ -177,3 +205,21 @@ def load_task(spec: str) -> type[Task]:
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise BadInput(f"--task {spec!r}: {attr} is not a subclass of train.task.Task")
     return cls
+
+
+@contextmanager
+def task_code(spec: str, call: str):
+    """Run a call into the task's own code (its constructor, prepare). Whatever it raises is bad input
+    of the run, like a task that does not import: BadInput in one line naming the task, the call, the
+    cause and where it was raised, so every rank agrees on it and exits 2 with that line, not a
+    traceback and exit 1 that the launcher's output buries."""
+    try:
+        yield
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: any error it raises is reported, in one line
+        text = str(e).strip().splitlines()
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+        raise BadInput(f"--task {spec!r}: {call} raised {type(e).__name__}"
+                       f"{': ' + text[0] if text else ''}{where}") from None

@@ -30,7 +30,7 @@ from train.placement import place_worker
 from train.recipe import autocast_dtype, gradient_groups, lr_at, predivide_factor, step_seed
 from train.stop import StopRequest
 from train.summary import RunSummary
-from train.task import TaskContext, load_task
+from train.task import TaskContext, load_task, task_code
 
 # Test hook: seconds to sleep after every step, so a test can signal a run at a step of its choosing.
 FAULT_STEP_SLEEP_ENV = "RINGTRAIN_FAULT_STEP_SLEEP_S"
@@ -66,10 +66,11 @@ class Trainer:
         self.stop = stop
         placement = place_worker(cfg, hvd.local_rank(), hvd.local_size())
         self.on_gpu, self.device, self.cpus = placement.on_gpu, placement.device, placement.cpus
-        self.task = load_task(cfg.task.name)(cfg.task.args, TaskContext(
-            data=cfg.data.source, batch_size=cfg.data.batch_size, seed=cfg.seed, steps=cfg.steps,
-            device=self.device, s3_endpoint_url=cfg.s3_endpoint_url, local_rank=hvd.local_rank(),
-            local_size=hvd.local_size()))
+        context = TaskContext(data=cfg.data.source, batch_size=cfg.data.batch_size, seed=cfg.seed,
+                              steps=cfg.steps, device=self.device, s3_endpoint_url=cfg.s3_endpoint_url,
+                              local_rank=hvd.local_rank(), local_size=hvd.local_size())
+        with task_code(cfg.task.name, "its constructor"):
+            self.task = load_task(cfg.task.name)(cfg.task.args, context)
         self._batches = None  # the task's batch iterator, and the position and world it is at
         self._batches_at: tuple | None = None
         self.checkpointer = Checkpointer(cfg.checkpoint, cfg.s3_endpoint_url, hvd, placement.node_cpus,
@@ -98,7 +99,8 @@ class Trainer:
         if cfg.checkpoint.mode == "async_with_pinned_mem" and not self.on_gpu:
             raise BadInput("--checkpoint-mode async_with_pinned_mem needs a GPU (it stages the state in "
                            "page-locked memory); use --checkpoint-mode async on CPU workers")
-        self.task.prepare(self.hvd.rank(), self.hvd.size())
+        with task_code(cfg.task.name, "prepare()"):
+            self.task.prepare(self.hvd.rank(), self.hvd.size())
         found = self.checkpointer.open()
         if self.hvd.rank() == 0:
             self.open_log(initial_step=found.step if found else 0)

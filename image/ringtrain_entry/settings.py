@@ -22,10 +22,6 @@ NETWORKS = ("efa", "socket")
 # is PAM's (pam_env reads /etc/environment) plus what horovodrun exports from the launcher, which carries
 # the common section only (the launcher cannot see the workers' network).
 ETC_ENVIRONMENT = "/etc/environment"
-# The trainers' time to reach a step boundary, checkpoint and exit once SIGTERM is forwarded. It must end
-# before the worker pod's terminationGracePeriodSeconds (cluster/mpijob.py, 120 s: the spot notice),
-# leaving supervisor.SSHD_STOP_S and some slack, or the kubelet's SIGKILL lands mid-checkpoint.
-DEFAULT_STOP_GRACE_S = 100.0
 
 # Where each name appears in `horovodrun --check-build` output (MPI and Gloo also appear as tensor
 # operations; what the image promises is the controllers).
@@ -96,15 +92,17 @@ def parse_settings(env: Mapping[str, str]) -> Settings:
 
 
 def parse_stop_grace(env: Mapping[str, str]) -> float:
-    raw = env.get("RINGTRAIN_STOP_GRACE_S", f"{DEFAULT_STOP_GRACE_S:g}")
+    """The trainers' time to reach a step boundary, checkpoint and exit once SIGTERM is forwarded
+    (RINGTRAIN_STOP_GRACE_S): its default and its one allowed range are the trainer's contract, so it
+    ends inside the worker pod's terminationGracePeriodSeconds with supervisor.SSHD_STOP_S to spare."""
+    # Imported here: sshd mode runs only in the worker image, which carries train/; the launcher
+    # image, which runs this package too, does not.
+    from train.contract import stop_grace_s
+
     try:
-        grace_s = float(raw)
-    except ValueError:
-        grace_s = -1.0
-    if not 0 <= grace_s <= 3600:
-        raise UsageError(f"RINGTRAIN_STOP_GRACE_S={raw!r}: use seconds between 0 and 3600, below the pod's "
-                         "terminationGracePeriodSeconds")
-    return grace_s
+        return stop_grace_s(env)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_invocation(argv: Sequence[str], env: Mapping[str, str]) -> Invocation:

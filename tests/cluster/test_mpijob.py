@@ -282,8 +282,6 @@ def test_node_labels_match_what_the_node_groups_set():
     from cluster import mpijob
     from infra import nodegroups
 
-    assert mpijob.NODE_POOL_LABEL == nodegroups.NODE_POOL_LABEL
-    assert mpijob.SYSTEM_POOL == nodegroups.SYSTEM_POOL
     assert nodegroups.GPU_TAINT["key"] == mpijob.GPU_RESOURCE
     assert nodegroups.GPU_TAINT["effect"] == "NO_SCHEDULE"
 
@@ -337,8 +335,8 @@ def launch_args(job):
 def test_worker_grace_period_outlasts_the_entrypoints_stop(job, workers):
     """On a reclaim the kubelet SIGKILLs the worker when terminationGracePeriodSeconds ends: the entrypoint
     must have stopped the trainers (its grace) and sshd within it, or the checkpoint is cut short."""
-    from cluster.mpijob import STOP_GRACE_MARGIN_S, WORKER_TERMINATION_GRACE_S
     from tests.image.helpers import load_entry_module
+    from train.contract import STOP_GRACE_MARGIN_S, WORKER_TERMINATION_GRACE_S
 
     # The entrypoint's stop: settings.py reads the trainers' grace, supervisor.py stops sshd after it.
     settings, supervisor = load_entry_module("settings"), load_entry_module("supervisor")

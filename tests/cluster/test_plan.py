@@ -30,6 +30,7 @@ from cluster.aws.plan import (
 )
 from infra.catalog import Catalog, load_catalog
 from infra.stacks import REPO_ROOT, stack_config, stack_names
+from train.contract import NODE_POOL_LABEL
 
 HOURS = 10
 
@@ -166,7 +167,6 @@ def test_every_committed_stack_has_hand_checked_figures_here():
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 EFA_INTERFACE_TYPES = ("efa", "efa-only")
-NODE_POOL_LABEL = "ringtrain.io/node-pool"
 
 
 def declared_node_groups(resources, catalog: Catalog) -> set[NodeGroupPlan]:

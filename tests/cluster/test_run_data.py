@@ -4,8 +4,10 @@ data for. Planning only: no cluster; one test writes the lm example into the ses
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,11 @@ from cluster import cli
 from cluster.backend import Storage
 from cluster.example_data import stdlib_source
 from cluster.flow import ensure_dataset, trainer_args_for
-from cluster.run_data import DatasetSpec, DigitsImages, StdlibText, plan_run_data
+from cluster.run_data import DatasetSpec, TaskExample, plan_run_data
 from cluster.usage import UsageError
 from train.config import parse_args
+from train.tasks.image import ImageTask
+from train.tasks.lm import LanguageModelTask
 
 REPO = Path(__file__).resolve().parents[2]
 STORAGE = Storage("s3://p-datasets/datasets/demo", "s3://p-checkpoints/checkpoints/j", "http://e:1")
@@ -37,7 +41,7 @@ def _value(args, flag: str) -> str:
 def test_image_without_data_trains_on_the_digits_with_the_examples_small_model():
     a = _run_args("--task", "image", "--steps", "40")
     job, opts = cli.job_from_args(a), cli.options_from_args(a)
-    assert opts.dataset == DigitsImages()
+    assert opts.dataset == TaskExample(ImageTask.example())
     args = trainer_args_for(job, STORAGE, opts.dataset)
     assert _value(args, "--data") == "s3://p-datasets/datasets/digits/train"
     assert _value(args, "--eval-data") == "s3://p-datasets/datasets/digits/eval"
@@ -49,7 +53,7 @@ def test_image_without_data_trains_on_the_digits_with_the_examples_small_model()
 def test_lm_without_data_trains_on_the_stdlib_source_with_a_small_decoder():
     a = _run_args("--task", "lm", "--", "--dim", "32", "--lr=0.002")
     job, opts = cli.job_from_args(a), cli.options_from_args(a)
-    assert isinstance(opts.dataset, StdlibText)
+    assert opts.dataset == TaskExample(LanguageModelTask.example())
     args = trainer_args_for(job, STORAGE, opts.dataset)
     assert _value(args, "--data").endswith("/stdlib-seq128/train")
     assert _value(args, "--eval-data").endswith("/stdlib-seq128/eval")
@@ -83,14 +87,41 @@ def test_the_demo_keeps_its_generated_dataset_at_the_backends_dataset_uri():
 
 
 def test_the_examples_are_written_by_the_commands_that_pack_them(tmp_path):
-    uris = DigitsImages().uris(STORAGE)
-    write_pngs, pack = DigitsImages().commands(uris, tmp_path)
+    digits = TaskExample(ImageTask.example())
+    uris = digits.uris(STORAGE)
+    write_pngs, pack = digits.commands(uris, tmp_path)
     assert write_pngs[1:] == ["-m", "cluster.example_data", "digits", "--out", str(tmp_path / "digits")]
     assert pack[1:6] == ["-m", "train.data", "pack", "images", "--src"]
     assert _value(pack, "--out") == uris.train and _value(pack, "--eval-out") == uris.eval
-    [pack_text] = StdlibText().commands(StdlibText().uris(STORAGE), tmp_path)
+    text = TaskExample(LanguageModelTask.example())
+    [pack_text] = text.commands(text.uris(STORAGE), tmp_path)
     sources = pack_text[pack_text.index("--src") + 1:pack_text.index("--out")]
     assert sources and all(Path(s).is_dir() and Path(s).parent == stdlib_source() for s in sources)
+
+
+def test_a_task_of_the_users_own_with_an_example_trains_on_it_with_nothing_changed_in_cluster(tmp_path):
+    """The example data and its flags come from the task (Task.example), so a task, built in or not,
+    brings its own: nothing in cluster/ names it."""
+    task = tmp_path / "my_task.py"
+    task.write_text((REPO / "tests" / "train" / "user_task.py").read_text() + textwrap.dedent("""
+
+        class ParityWithExample(ParityTask):
+            @classmethod
+            def example(cls):
+                from train.task import Example
+
+                return Example("parity", "demo data for parity",
+                               (("{python}", "-m", "train.data", "generate", "--out", "{train}"),),
+                               (("--hidden", "8"),))
+        """))
+    a = _run_args("--task", f"{task}:ParityWithExample", "--", "--lr", "0.1")
+    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    assert opts.dataset.describe() == "demo data for parity"
+    args = trainer_args_for(job, STORAGE, opts.dataset)
+    assert _value(args, "--data") == "s3://p-datasets/datasets/parity/train"
+    assert _value(args, "--hidden") == "8" and _value(args, "--lr") == "0.1"
+    [generate] = opts.dataset.commands(opts.dataset.uris(STORAGE), tmp_path)
+    assert generate[1:] == ["-m", "train.data", "generate", "--out", "s3://p-datasets/datasets/parity/train"]
 
 
 def test_a_task_without_data_that_the_command_cannot_prepare_is_refused_before_anything_starts(
@@ -129,7 +160,14 @@ def test_the_lm_example_is_written_once_into_the_store_and_reads_as_a_token_data
         monkeypatch.setenv(name, value)
     storage = Storage(f"s3://{s3_bucket}/datasets/demo", f"s3://{s3_bucket}/checkpoints/j",
                       object_store.endpoint_url, object_store.env())
-    small = StdlibText(packages=("json",), samples_per_shard=200, eval_fraction=0.1)
+    full = LanguageModelTask.example()
+    [pack] = full.commands
+    sources = pack[pack.index("--src") + 1:pack.index("--out")]
+    small_pack = [*pack[:pack.index("--src") + 1], next(s for s in sources if s.endswith("/json")),
+                  *pack[pack.index("--out"):]]
+    small_pack[small_pack.index("--samples-per-shard") + 1] = "200"
+    small_pack[small_pack.index("--eval-fraction") + 1] = "0.1"
+    small = TaskExample(dataclasses.replace(full, commands=(tuple(small_pack),)))
     said: list[str] = []
     assert ensure_dataset(storage, small, out=said.append) is True
     uris = small.uris(storage)

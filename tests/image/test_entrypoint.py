@@ -421,7 +421,7 @@ def test_sshd_mode_checks_mounted_keys_makes_host_keys_then_supervises_sshd(tmp_
     (ssh_dir / "authorized_keys").write_text("ssh-rsa AAAA launcher\n")
     assert run_main() == 0
     # sshd runs as a child of the entrypoint (which stays PID 1 to forward SIGTERM), never exec'd.
-    grace_s = entry_settings.DEFAULT_STOP_GRACE_S
+    grace_s = 100.0  # RINGTRAIN_STOP_GRACE_S's default (train.contract)
     assert execs == [] and supervised == [(["/usr/sbin/sshd", "-D", "-e"], grace_s)]
     assert "generated host keys" in capsys.readouterr().out
     assert (key_dir / "ssh_host_ed25519_key").exists() and run_dir.is_dir()

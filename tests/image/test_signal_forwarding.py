@@ -96,10 +96,10 @@ def test_exit_codes_read_like_a_shell():
 
 
 def test_stop_grace_setting():
-    assert entry_settings.parse_stop_grace({}) == entry_settings.DEFAULT_STOP_GRACE_S == 100.0
+    assert entry_settings.parse_stop_grace({}) == 100.0
     assert entry_settings.parse_stop_grace({"RINGTRAIN_STOP_GRACE_S": "30"}) == 30.0
-    for bad in ("soon", "-1", "7200"):
-        message = f"RINGTRAIN_STOP_GRACE_S='{bad}': use seconds between 0 and"
+    for bad in ("soon", "-1", "111", "7200"):  # one range, the trainer's and the MPIJob's (train.contract)
+        message = rf"RINGTRAIN_STOP_GRACE_S='{bad}': allowed are 0\.\.110 seconds"
         with pytest.raises(entry_settings.UsageError, match=message):
             entry_settings.parse_stop_grace({"RINGTRAIN_STOP_GRACE_S": bad})
 
@@ -110,8 +110,8 @@ def test_bad_stop_grace_stops_sshd_mode_before_anything_starts(tmp_path, capsys)
                  supervise_fn=lambda *a: supervised.append(a) or 0)
     assert rc == entry_settings.EXIT_USAGE and supervised == []
     assert capsys.readouterr().err.strip().splitlines() == [
-        "entrypoint: error: RINGTRAIN_STOP_GRACE_S='soon': use seconds between 0 and 3600, below the pod's "
-        "terminationGracePeriodSeconds"]
+        "entrypoint: error: RINGTRAIN_STOP_GRACE_S='soon': allowed are 0..110 seconds (the worker pod's "
+        "terminationGracePeriodSeconds is 120, the spot notice, less 10 s for the entrypoint to stop sshd)"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The trainer stands on its own: nothing under train/ imports cluster/ (the worker image carries train/
-alone), and the contract it shares with the launchers (exit codes, CPU shares) is defined once, in
-train/contract.py."""
+alone), and the contract it shares with the launchers, the image and the stack (exit codes, CPU shares,
+the stop grace, the node-pool label, the launcher tag) is defined once, in train/contract.py."""
 
 from __future__ import annotations
 
@@ -62,3 +62,32 @@ def test_the_contract_has_one_definition():
         assert hasattr(train.contract, name)
         assert not hasattr(cluster.job, name), f"cluster.job defines {name} again"
     assert (train.contract.EXIT_INTERRUPTED_RESUMABLE, train.contract.EXIT_BAD_INPUT) == (75, 2)
+
+
+# What train/contract.py defines for cluster/, infra/ and image/: names nothing else may assign, and
+# values nothing else may spell out.
+CONTRACT_NAMES = {"STOP_GRACE_ENV", "DEFAULT_STOP_GRACE_S", "WORKER_TERMINATION_GRACE_S",
+                  "STOP_GRACE_MARGIN_S", "MAX_STOP_GRACE_S", "NODE_POOL_LABEL", "SYSTEM_POOL",
+                  "LAUNCHER_TAG_SUFFIX"}
+CONTRACT_VALUES = {"RINGTRAIN_STOP_GRACE_S", "ringtrain.io/node-pool"}
+
+
+def _contract_copies(path: Path) -> list[str]:
+    """Module-level assignments to a contract name, and string constants equal to a contract value."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = [f"{path.name}:{node.lineno} {target.id} =" for node in tree.body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name) and target.id in CONTRACT_NAMES]
+    found += [f"{path.name}:{node.lineno} {node.value!r}" for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and node.value in CONTRACT_VALUES]
+    return found
+
+
+def test_the_shared_constants_are_defined_once_in_the_contract():
+    """One definition each, one allowed range for the stop grace: no copies that tests keep equal."""
+    contract = REPO_ROOT / "train" / "contract.py"
+    sources = [p for d in ("train", "cluster", "infra", "image", "bench", "scripts")
+               for p in (REPO_ROOT / d).rglob("*.py") if p != contract]
+    assert len(sources) > 50, "test premise: the sources are found"
+    assert len(_contract_copies(contract)) >= len(CONTRACT_NAMES), "test premise: the scan sees definitions"
+    assert [f for p in sources for f in _contract_copies(p)] == []
+

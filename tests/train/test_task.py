@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.train.proc import REPO, run, train_cmd
+from tests.train.proc import REPO, horovodrun_cmd, run, train_cmd
 from train.config import parse_args
 from train.errors import BadInput
 from train.summary import parse_summary
@@ -76,6 +76,71 @@ def test_bad_task_arguments_exit_2_with_one_message(outside_task):
     r = run(train_cmd("--task", outside_task, "--hidden", "1"), timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == "train: error: --hidden 1: must be >= 2"
+
+
+BROKEN_TASK = """
+from train.task import Task
+
+
+class BrokenTask(Task):
+    @classmethod
+    def add_arguments(cls, parser):
+        parser.add_argument("--fail-in", choices=["init", "prepare"], default="init")
+        parser.add_argument("--fail-on-rank", type=int, default=None)
+
+    def __init__(self, args, ctx):
+        super().__init__(args, ctx)
+        if args.fail_in == "init":
+            raise KeyError("weights_url")
+
+    def prepare(self, rank, size):
+        if self.args.fail_on_rank in (None, rank):
+            open("/nonexistent/labels.csv")
+"""
+
+
+def _broken_line(code: str) -> str:
+    """Where BrokenTask raises: its file and the line of `code` there."""
+    return f"broken_task.py:{[ln.strip() for ln in BROKEN_TASK.splitlines()].index(code) + 1}"
+
+
+RAISED_IN_INIT = ("its constructor raised KeyError: 'weights_url' "
+                  f"""({_broken_line('raise KeyError("weights_url")')})""")
+RAISED_IN_PREPARE = ("prepare() raised FileNotFoundError: [Errno 2] No such file or directory: "
+                     f"""'/nonexistent/labels.csv' ({_broken_line('open("/nonexistent/labels.csv")')})""")
+
+
+@pytest.fixture
+def broken_task(tmp_path):
+    path = tmp_path / "broken_task.py"
+    path.write_text(BROKEN_TASK)
+    return f"{path}:BrokenTask"
+
+
+@pytest.mark.parametrize(("fail_in", "says"), [("init", RAISED_IN_INIT), ("prepare", RAISED_IN_PREPARE)])
+def test_a_task_whose_own_code_raises_is_one_line_and_exit_2(broken_task, fail_in, says):
+    r = run(train_cmd("--task", broken_task, "--fail-in", fail_in, "--steps", "2"), timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip() == f"train: error: --task {broken_task!r}: {says}"
+
+
+@pytest.mark.slow
+def test_a_task_that_fails_on_one_rank_fails_every_rank_with_its_cause_and_the_job_says_bad_input(
+        broken_task):
+    """Under horovodrun, as a job runs: the rank whose prepare raised names it, every rank exits 2, and
+    the job's exit code (cluster.exit_codes, from the launcher's output) is bad input, not 1."""
+    from cluster.exit_codes import failure_message, job_exit_code
+    from train.contract import EXIT_BAD_INPUT
+
+    r = run(horovodrun_cmd(2, "--task", broken_task, "--fail-in", "prepare", "--fail-on-rank", "1",
+                           "--steps", "2"), timeout=300)
+    lines = (r.stdout + r.stderr).splitlines()
+    assert job_exit_code(r.returncode, lines) == EXIT_BAD_INPUT, r.stdout[-3000:] + r.stderr[-3000:]
+    assert failure_message(EXIT_BAD_INPUT, lines) == \
+        f"exit code 2: train: error: (rank 1) --task {broken_task!r}: {RAISED_IN_PREPARE}"
+    # no worker printed a traceback (horovodrun's own, about the workers' exit, is horovodrun's)
+    assert not [ln for ln in lines if ln.startswith(("[0]<", "[1]<")) and "Traceback" in ln], lines
+    assert any(ln.startswith("[0]<stderr>:train: error: (rank 1)") for ln in lines), lines  # (the prefix)
 
 
 def test_task_help_lists_the_tasks_flags(outside_task):

@@ -202,11 +202,13 @@ def test_commit_every_reaches_the_config_and_must_be_positive():
         parse_args(["--commit-every", "0"])
 
 
-def test_the_stop_budget_is_the_entrypoints_grace(monkeypatch):
-    """The trainer measures a stop's checkpoint against the seconds the image's entrypoint gives it."""
-    from tests.image.helpers import load_entry_module
-    from train.stop import DEFAULT_STOP_BUDGET_S, stop_budget_s
+def test_the_stop_budget_is_the_entrypoints_grace_and_a_bad_one_is_bad_input():
+    """The trainer measures a stop's checkpoint against the seconds the image's entrypoint gives it
+    (both read train.contract.stop_grace_s); a value the entrypoint would refuse, the trainer refuses."""
+    from train.stop import stop_budget_s
 
-    assert DEFAULT_STOP_BUDGET_S == load_entry_module("settings").DEFAULT_STOP_GRACE_S
-    assert stop_budget_s({}) == DEFAULT_STOP_BUDGET_S
+    assert stop_budget_s({}) == 100.0
     assert stop_budget_s({"RINGTRAIN_STOP_GRACE_S": "60"}) == 60
+    for bad in ("soon", "-1", "111", "nan"):
+        with pytest.raises(BadInput, match=rf"RINGTRAIN_STOP_GRACE_S='{bad}': allowed are 0\.\.110 seconds"):
+            stop_budget_s({"RINGTRAIN_STOP_GRACE_S": bad})

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from train import shards
 from train.errors import BadInput
-from train.task import Task
+from train.task import Example, Task
 from train.tasks.vision import import_torchvision
 
 IMAGE_EXTS = ("png", "jpg", "jpeg", "webp", "bmp")
@@ -164,6 +164,23 @@ class ImageTask(Task):
             if value < least:
                 problems.append(f"{flag} {value}: must be >= {least}")
         return problems
+
+    @classmethod
+    def example(cls) -> Example:
+        """scikit-learn's 1797 handwritten digits as image shards, a tenth set aside for evaluation (their
+        PNGs are written by cluster/example_data.py: scikit-learn stays out of the trainer's image). The
+        sizes: ShuffleNet V2 (1.3 M parameters for 10 classes: a 15 MB checkpoint with Adam's moments,
+        9-11 s to write on a loaded 2-core machine, inside the local reclaim's 30 s default grace;
+        ResNet-18's 134 MB is not) learns the digits at 32 px (measured, 1 worker, 100 steps: loss
+        2.40 -> 1.59, top-1 0.55)."""
+        return Example(
+            "digits", "scikit-learn's handwritten digits, packed as image shards",
+            (("{python}", "-m", "cluster.example_data", "digits", "--out", "{scratch}/digits"),
+             ("{python}", "-m", "train.data", "pack", "images", "--src", "{scratch}/digits",
+              "--out", "{train}", "--eval-out", "{eval}", "--eval-fraction", "0.1",
+              "--samples-per-shard", "100")),
+            (("--model", "shufflenet_v2_x1_0"), ("--image-size", "32"), ("--loader-workers", "1"),
+             ("--optimizer", "adam"), ("--lr", "0.002")))
 
     train_set: shards.ShardedDataset | None = None
     eval_set: shards.ShardedDataset | None = None
