@@ -13,6 +13,8 @@ than probing attributes:
     Cancel          backend.cancel(handle)     end a submitted job (a timeout, an interrupt, an error)
     Progress        backend.progress(handle)   the trainer's latest metrics record while a job runs
     FaultInjection  backend.live_host_names() / reclaim(host) / restore(host)   spot-style faults
+    HardFaults      backend.kill(host) / freeze(host) / slow_link(host)   a crash, a hang, a slow link
+    PreflightFloor  backend.preflight_floor(job)   the busbw the job's links must reach
 
 The local backend has all three; the AWS backend Cancel only (EC2 reclaims spot nodes by itself there).
 
@@ -121,5 +123,32 @@ class FaultInjection(Protocol):
         ...
 
     def restore(self, host: str) -> None:
-        """The host comes back under the same name (a spot node group's replacement node)."""
+        """The host comes back under the same name (a spot node group's replacement node); on a host
+        that stayed up, what a fault left (frozen workers) is cleared."""
+        ...
+
+
+@runtime_checkable
+class HardFaults(Protocol):
+    """A backend that can also fail a host's workers without notice (`ringtrain run --fault kill|hang`)."""
+
+    def kill(self, host: str) -> None:
+        """SIGKILL to the host's workers: no notice, no checkpoint (a crash, an OOM kill)."""
+        ...
+
+    def freeze(self, host: str) -> None:
+        """SIGSTOP to the host's workers: a hang, for the watchdog to find."""
+        ...
+
+    def slow_link(self, host: str) -> None:
+        """Cap the host's link (tc tbf): the preflight must find it."""
+        ...
+
+
+@runtime_checkable
+class PreflightFloor(Protocol):
+    """A backend that knows the collective bandwidth its nodes must reach (train/preflight.py)."""
+
+    def preflight_floor(self, job: JobSpec) -> float | None:
+        """Allreduce busbw in bytes/s below which the job fails fast (None: measure and report only)."""
         ...

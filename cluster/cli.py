@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 from cluster.aws import cli as aws_cli
 from cluster.aws.plan import PlanError
 from cluster.backend import Backend, BackendError
-from cluster.flow import FlowInterrupted, FlowOptions, FlowResult, format_summary, run_job
+from cluster.flow import FAULTS, FlowInterrupted, FlowOptions, FlowResult, format_summary, run_job
 from cluster.job import JobSpec
 from cluster.mpi_operator import check_job_name
 from cluster.run_data import DatasetSpec, RunData, plan_run_data
 from cluster.usage import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
-from train.contract import EXIT_BAD_INPUT
+from train.contract import EXIT_BAD_INPUT, FAULT_STEP_SLEEP_ENV
 from train.task import DEFAULT_TASK
 from train.tasks.demo import MODELS as DEMO_MODELS  # (imports no torch)
 
@@ -144,6 +144,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="elastic: keep training while at least this many hosts live (default 1)")
     train.add_argument("--max-resubmits", type=int, default=3,
                        help="resubmit an interrupted (exit 75) job at most this often (default 3)")
+    train.add_argument("--max-restarts", type=int, default=2,
+                       help="restart a failed job (a worker killed or hung, any exit but bad input) from its "
+                            "newest checkpoint at most this often; counted apart from resubmits (default 2)")
     train.add_argument("--dataset-shards", type=int, default=None,
                        help="the demo's generated dataset: shards (default 4)")
     train.add_argument("--samples-per-shard", type=int, default=None,
@@ -151,11 +154,15 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0, help="dataset and training seed (default 0)")
 
     fault = r.add_argument_group("fault injection (local backend)")
+    fault.add_argument("--fault", choices=tuple(FAULTS), default="reclaim",
+                       help="what happens to the host: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
+                            + " (default reclaim)")
     fault.add_argument("--reclaim-at-step", type=int, default=None,
-                       help="reclaim a host once training reaches this step (default: half of --steps)")
-    fault.add_argument("--no-reclaim", action="store_true", help="do not reclaim any host")
+                       help="inject the fault once training reaches this step; --steps itself is a late "
+                            "reclaim, after the last step (default: half of --steps)")
+    fault.add_argument("--no-reclaim", action="store_true", help="inject no fault")
     fault.add_argument("--reclaim-host", default=None,
-                       help="host to reclaim, e.g. host-1 (default: the last)")
+                       help="host the fault hits, e.g. host-1 (default: the last)")
     # 30 s: room for the stop checkpoint of `--task image`'s example at the local store's rate on a
     # loaded machine. Workers that exit sooner end it sooner; a pod on EKS gets 120 s.
     fault.add_argument("--reclaim-grace", type=float, default=30.0,
@@ -164,6 +171,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     fault.add_argument("--reclaim-notice", type=float, default=None,
                        help="seconds the host is out of discovery before its workers get SIGTERM, like "
                             "EC2's interruption notice (default: elastic 3, static 0)")
+    fault.add_argument("--step-pace", type=float, default=None,
+                       help="sleep this many seconds after every training step, so that a demo on a fast "
+                            "machine lasts long enough to show its fault, shrink and rejoin "
+                            f"(default: elastic {ELASTIC_DEMO_STEP_PACE_S:g}, else 0)")
+    fault.add_argument("--hang-timeout", type=float, default=None,
+                       help="with --fault hang: the trainer's watchdog limit in seconds, passed as its "
+                            f"--hang-timeout (default {HANG_DEMO_TIMEOUT_S:g})")
     fault.add_argument("--restore-after", type=float, default=None,
                        help="bring the reclaimed host back this many seconds after the reclaim "
                             "(default: elastic 5; static: before the job is resubmitted)")
@@ -205,9 +219,16 @@ def check_args(a: argparse.Namespace) -> None:
         problems.append("--min-hosts: only with --elastic")
     if a.min_hosts is not None and not 1 <= a.min_hosts <= a.hosts:
         problems.append(f"--min-hosts {a.min_hosts}: must be between 1 and --hosts ({a.hosts})")
-    if a.reclaim_at_step is not None and not 1 <= a.reclaim_at_step < a.steps:
-        problems.append(f"--reclaim-at-step {a.reclaim_at_step}: "
-                        f"must be between 1 and --steps - 1 ({a.steps - 1})")
+    if a.max_restarts < 0:
+        problems.append(f"--max-restarts {a.max_restarts}: must be >= 0")
+    if a.reclaim_at_step is not None and not 1 <= a.reclaim_at_step <= a.steps:
+        problems.append(f"--reclaim-at-step {a.reclaim_at_step}: must be between 1 and --steps ({a.steps})")
+    if a.step_pace is not None and a.step_pace < 0:
+        problems.append(f"--step-pace {a.step_pace}: must be >= 0 seconds")
+    if a.hang_timeout is not None and (a.fault != "hang" or a.hang_timeout <= 0):
+        problems.append("--hang-timeout: only with --fault hang, and > 0 seconds")
+    if a.fault != "reclaim" and a.no_reclaim:
+        problems.append(f"--fault {a.fault} and --no-reclaim: choose one")
     if a.reclaim_grace < 0 or any(v is not None and v < 0 for v in (a.restore_after, a.reclaim_notice)):
         problems.append("--reclaim-grace, --reclaim-notice and --restore-after: must be >= 0 seconds")
     if a.reclaim_host is not None and a.reclaim_host not in [f"host-{i}" for i in range(a.hosts)]:
@@ -217,8 +238,8 @@ def check_args(a: argparse.Namespace) -> None:
     if a.backend == "aws":
         if not a.stack:
             problems.append("--backend aws needs --stack NAME (the Pulumi stack, e.g. dev)")
-        if a.reclaim_at_step is not None or a.reclaim_host is not None:
-            problems.append("--reclaim-at-step/--reclaim-host: "
+        if a.reclaim_at_step is not None or a.reclaim_host is not None or a.fault != "reclaim":
+            problems.append("--fault/--reclaim-at-step/--reclaim-host: "
                             "fault injection exists on the local backend only")
         if a.isolation != "auto":
             problems.append("--isolation: local backend only")
@@ -308,7 +329,8 @@ def options_from_args(a: argparse.Namespace) -> FlowOptions:
         restore_after = 5.0
     return FlowOptions(
         dataset=run_data_from_args(a).dataset,
-        max_resubmits=a.max_resubmits, reclaim_at_step=reclaim_at, reclaim_host=a.reclaim_host,
+        max_resubmits=a.max_resubmits, max_restarts=a.max_restarts, reclaim_at_step=reclaim_at,
+        fault=a.fault, reclaim_host=a.reclaim_host,
         restore_after_s=restore_after, keep_up=a.keep_up, progress_bar=not a.no_progress,
         echo_logs=a.verbose, job_timeout_s=a.job_timeout,
     )
@@ -378,10 +400,31 @@ def write_report(result: FlowResult, run_dir: Path, backend: str) -> None:
     print(f"  report             {files.picture} (summary and metrics beside it)")
 
 
+# The elastic demo's pace: at 0.15 s a step the half of --steps after the reclaim lasts ~20 s, longer
+# than the notice (3 s), the worker's exit and the restore (5 s) that the shrink and rejoin take.
+ELASTIC_DEMO_STEP_PACE_S = 0.15
+# The watchdog's limit for `--fault hang`: long enough for the demo's slowest step under load.
+HANG_DEMO_TIMEOUT_S = 20.0
+
+
+def with_fault_settings(job: JobSpec, a: argparse.Namespace) -> JobSpec:
+    """The job as the fault demo runs it (pure): paced steps (--step-pace) and, for --fault hang, the
+    watchdog's limit as a trainer flag unless the trainer's own arguments set it."""
+    pace = a.step_pace if a.step_pace is not None else (ELASTIC_DEMO_STEP_PACE_S if a.elastic else 0.0)
+    env = dict(job.env)
+    if pace > 0 and a.backend == "local":
+        env[FAULT_STEP_SLEEP_ENV] = f"{pace:g}"
+    args = list(job.trainer_args)
+    if a.fault == "hang" and "--hang-timeout" not in args:
+        limit = a.hang_timeout if a.hang_timeout is not None else HANG_DEMO_TIMEOUT_S
+        args += ["--hang-timeout", f"{limit:g}"]
+    return dataclasses.replace(job, env=env, trainer_args=tuple(args))
+
+
 def cmd_run(a: argparse.Namespace) -> int:
     check_args(a)
     check_environment(a.backend)
-    job = job_from_args(a)
+    job = with_fault_settings(job_from_args(a), a)
     check_trainer_args(job)
     backend = make_backend(a)
     opts = options_from_args(a)

@@ -35,14 +35,18 @@ from cluster.backend import (
     BackendError,
     Cancel,
     FaultInjection,
+    HardFaults,
     JobHandle,
     JobResult,
+    PreflightFloor,
     Progress,
     Storage,
 )
 from cluster.job import JobSpec
+from cluster.recovery import FailureCost, Next, decide, failure_cost, last_step
 from cluster.run_data import Dataset, DatasetSpec, given
-from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
+from train import stragglers
+from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, MANIFEST, step_dir
 from train.summary import RunSummary
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +56,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 class FlowOptions:
     # written into the datasets bucket unless there; None: the job's own --data (cluster/run_data.py)
     dataset: Dataset | None = field(default_factory=DatasetSpec)
-    max_resubmits: int = 3
-    reclaim_at_step: int | None = None     # fault injection: reclaim a host once this step is reached
-    reclaim_host: str | None = None        # default: the last live host
+    max_resubmits: int = 3                 # spot stops (exit 75) resubmitted
+    max_restarts: int = 2                  # failures (any exit but 0, 2, 75, 69) restarted from a checkpoint
+    reclaim_at_step: int | None = None     # fault injection: inject `fault` once this step is reached
+    fault: str = "reclaim"                 # which fault (FAULTS)
+    reclaim_host: str | None = None        # the host it hits; default: the last live host
     restore_after_s: float | None = None   # bring it back this long after the reclaim (None: before resubmit)
     keep_up: bool = False
     progress_bar: bool = True
@@ -77,15 +83,18 @@ class Attempt:
     node_group: str | None = None           # AWS: the node group it ran on, its types and capacity
     instance_types: tuple[str, ...] = ()
     capacity_type: str | None = None
+    decision: str = ""                      # what the flow did next, and why (cluster/recovery.py)
+    cost: FailureCost | None = None         # for an attempt that failed and was restarted
 
 
 @dataclass(frozen=True)
 class Reclaim:
-    """The injected fault: `host` reclaimed once training reached `step`, at `at` (epoch seconds)."""
+    """The injected fault: `host` hit by `fault` once training reached `step`, at `at` (epoch seconds)."""
 
     host: str
     step: int
     at: float
+    fault: str = "reclaim"
 
 
 @dataclass
@@ -187,12 +196,30 @@ def format_summary(result: FlowResult) -> str:
         start = f"resumed from step {where}" if where is not None else "from scratch"
         end = ("interrupted (resumable)" if a.exit_code == EXIT_INTERRUPTED_RESUMABLE
                else f"exit {a.exit_code}")
-        lines.append(f"  attempt {i}: {start}, reached step {a.summary.steps if a.summary else '?'}, {end}, "
+        reached = a.summary.steps if a.summary else last_step(a.metrics)
+        reached_text = reached if reached is not None else "?"
+        lines.append(f"  attempt {i}: {start}, reached step {reached_text}, {end}, "
                      f"hosts {', '.join(a.hosts) or '?'}"
                      + (f", elastic resets {a.summary.elastic_resets}"
-                        if a.summary and a.summary.elastic_resets else ""))
-    if result.reclaimed:
-        lines.append(f"  reclaimed          {', '.join(result.reclaimed)}")
+                        if a.summary and a.summary.elastic_resets else "")
+                     + (f"; restarted, cost {a.cost.describe()}" if a.cost is not None else ""))
+    reclaimed = [r.host for r in result.reclaims if r.fault == "reclaim"] or result.reclaimed
+    if reclaimed:
+        lines.append(f"  reclaimed          {', '.join(reclaimed)}")
+    for r in result.reclaims:
+        if r.fault != "reclaim":
+            lines.append(f"  fault injected     {r.fault} {r.host} at step {r.step}")
+    every_record = [m for a in result.attempts for m in a.metrics]
+    preflight = [m["preflight"] for m in every_record if isinstance(m.get("preflight"), dict)]
+    if preflight:
+        p = preflight[-1]
+        verdict = "passed" if p.get("passed") else f"FAILED, slow: {', '.join(p.get('slow_hosts') or ['?'])}"
+        floor = f"floor {p['floor_gbps']:g} GB/s" if p.get("floor_gbps") is not None else "no floor"
+        lines.append(f"  preflight          allreduce busbw {p['busbw_gbps']:g} GB/s over {p['ranks']} ranks "
+                     f"({floor}): {verdict}")
+    straggle = stragglers.describe(every_record)
+    if straggle:
+        lines.append(f"  stragglers         {straggle}")
     if result.message:
         lines.append(f"  {result.message}")
     return "\n".join(lines)
@@ -265,9 +292,18 @@ def _signals_raise_interrupt():
             signal.signal(sig, previous)
 
 
+# The faults `ringtrain run --fault` injects (local backend); each ends as cluster/recovery.py says.
+FAULTS = {
+    "reclaim": "spot-style: SIGTERM, then the host goes away",
+    "kill": "SIGKILL to the host's workers: no notice, no checkpoint",
+    "hang": "SIGSTOP to the host's workers: they stop answering",
+    "slow-link": "the host's link capped (tc tbf) from the start: the preflight must find it",
+}
+
+
 class _Reclaimer:
-    """The planned fault: once training reaches `at_step`, reclaim one host (once per run), and bring
-    it back after `restore_after_s` or, at the latest, before the job is resubmitted.
+    """The planned fault: once training reaches `at_step`, hit one host with `opts.fault` (once per
+    run), and bring it back after `restore_after_s` or, at the latest, before the job runs again.
 
     A reclaim blocks for the workers' grace period, so it runs in a thread while the flow follows
     the job on; so does a delayed restore."""
@@ -281,12 +317,18 @@ class _Reclaimer:
         self._reclaim_threads: list[threading.Thread] = []
         self._restore_threads: list[threading.Thread] = []
 
+    def before_first_submit(self) -> None:
+        """A slow link is there from the start, as a degraded node's is."""
+        if self.opts.fault == "slow-link" and not self._fired:
+            self._fired = True
+            self._reclaim(0)
+
     def at(self, step: int) -> None:
-        """Called with the job's progress: fires the reclaim the first time `step` reaches the plan."""
+        """Called with the job's progress: fires the fault the first time `step` reaches the plan."""
         if self._fired or step < self.at_step:
             return
         self._fired = True
-        self._start(self._reclaim_threads, self._reclaim, step, name="reclaim")
+        self._start(self._reclaim_threads, self._reclaim, step, name=self.opts.fault)
 
     @staticmethod
     def _start(threads: list[threading.Thread], target: Callable[..., None], *args: Any, name: str) -> None:
@@ -299,15 +341,24 @@ class _Reclaimer:
         host = self.opts.reclaim_host or (live[-1] if live else None)
         if host is None:
             return
-        self.out(f"fault injection: reclaiming {host} (spot-style: SIGTERM, then the host goes away)")
+        fault = self.opts.fault
+        verb = {"reclaim": "reclaiming", "kill": "killing", "hang": "freezing", "slow-link": "slowing"}[fault]
+        self.out(f"fault injection: {verb} {host} at step {step} ({FAULTS[fault]})")
         at = time.time()
         try:
-            self.backend.reclaim(host)
+            if fault == "reclaim":
+                self.backend.reclaim(host)
+            elif fault == "kill":
+                self.backend.kill(host)
+            elif fault == "hang":
+                self.backend.freeze(host)
+            else:
+                self.backend.slow_link(host)
         except BackendError as e:
             self.out(f"fault injection failed: {e}")
             return
-        self.reclaims.append(Reclaim(host=host, step=step, at=at))
-        if self.opts.restore_after_s is not None:
+        self.reclaims.append(Reclaim(host=host, step=step, at=at, fault=fault))
+        if self.opts.restore_after_s is not None and fault == "reclaim":
             self._start(self._restore_threads, self._restore_later, host, name="restore")
 
     def _restore_later(self, host: str) -> None:
@@ -327,10 +378,11 @@ class _Reclaimer:
             thread.join(timeout=(self.opts.restore_after_s or 0) + 60)
 
     def restore_for_resubmit(self) -> None:
-        """A spot node group replaces a reclaimed node; here the reclaimed host comes back."""
+        """A spot node group replaces a reclaimed node; here the reclaimed host comes back, and a host
+        that hung is cleared (its frozen workers go)."""
         live = self.backend.live_host_names()
         for record in self.reclaims:
-            if record.host not in live:
+            if record.host not in live or record.fault != "reclaim":
                 self.backend.restore(record.host)
 
     def stop(self) -> None:
@@ -447,6 +499,10 @@ def _reclaimer_for(backend: Backend, opts: FlowOptions, out: Callable[[str], Non
     if not (isinstance(backend, FaultInjection) and isinstance(backend, Progress)):
         raise BackendError(f"the {backend.name} backend cannot inject faults (reclaim/restore); "
                            "drop the reclaim option")
+    if opts.fault not in FAULTS:
+        raise BackendError(f"fault {opts.fault!r}: allowed are {', '.join(FAULTS)}")
+    if opts.fault != "reclaim" and not isinstance(backend, HardFaults):
+        raise BackendError(f"the {backend.name} backend cannot inject --fault {opts.fault}")
     return _Reclaimer(backend, opts, opts.reclaim_at_step, out)
 
 
@@ -504,7 +560,13 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 ensure_dataset(storage, opts.dataset, out=out)
             job = dataclasses.replace(job, trainer_args=trainer_args_for(job, storage, opts.dataset),
                                       env={**storage.env, **job.env})
-            for attempt_no in range(1, opts.max_resubmits + 2):
+            job = _with_preflight_floor(backend, job)
+            if reclaimer is not None:
+                reclaimer.before_first_submit()
+            resubmits = restarts = 0
+            attempt_no = 0
+            while True:
+                attempt_no += 1
                 started_at = time.time()
                 handle = backend.submit(job)
                 hosts = list(handle.details.get("hosts", []))
@@ -519,18 +581,38 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                     raise
                 if reclaimer is not None:
                     reclaimer.wait_for_reclaim()
-                attempts.append(_attempt_of(handle, last, hosts, started_at))
-                if last.exit_code not in (0, EXIT_INTERRUPTED_RESUMABLE) and not opts.echo_logs:
-                    _show_failure(attempt_no, last, follower, out)
-                if last.exit_code != EXIT_INTERRUPTED_RESUMABLE:
+                attempt = _attempt_of(handle, last, hosts, started_at)
+                if attempts and attempts[-1].cost is not None:   # the previous failure's cost, now known
+                    attempts[-1].cost = failure_cost(
+                        attempts[-1].metrics, attempts[-1].ended_at,
+                        last.summary.resumed_from_step if last.summary else attempts[-1].cost.resumed_from,
+                        attempt.metrics)
+                attempts.append(attempt)
+                completed_steps = last.exit_code != 0 and _final_checkpoint_written(storage, job, last)
+                decision = decide(last.exit_code, completed=completed_steps,
+                                  resubmits_left=opts.max_resubmits - resubmits,
+                                  restarts_left=opts.max_restarts - restarts)
+                attempt.decision = decision.reason
+                if decision.next is Next.DONE:
+                    if last.exit_code != 0:
+                        out(f"attempt {attempt_no}: {decision.reason}")
+                        last = dataclasses.replace(last, succeeded=True, exit_code=0, message="")
                     break
+                if last.exit_code != EXIT_INTERRUPTED_RESUMABLE and not opts.echo_logs:
+                    _show_failure(attempt_no, last, follower, out)
+                if decision.next is Next.FAIL:
+                    if last.exit_code not in (EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE):
+                        out(f"attempt {attempt_no} {decision.reason}")
+                    break
+                if decision.next is Next.RESTART:
+                    restarts += 1
+                    attempt.cost = failure_cost(attempt.metrics, attempt.ended_at, None, [])
+                else:
+                    resubmits += 1
                 if reclaimer is not None:
                     reclaimer.wait_for_restores()
-                if attempt_no > opts.max_resubmits:
-                    break
-                if reclaimer is not None:
                     reclaimer.restore_for_resubmit()
-                out(f"attempt {attempt_no} was interrupted after a checkpoint: resubmitting to resume")
+                out(f"attempt {attempt_no} {decision.reason}")
             completed = True
             return _result_of(job, attempts, last, reclaimer, storage)
         except KeyboardInterrupt:
@@ -540,6 +622,50 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 reclaimer.stop()
             if not opts.keep_up:
                 _teardown(backend, completed, out)
+
+
+def _with_preflight_floor(backend: Backend, job: JobSpec) -> JobSpec:
+    """The backend's busbw floor as the trainer's --preflight-min-busbw, unless the job sets one."""
+    floor = backend.preflight_floor(job) if isinstance(backend, PreflightFloor) else None
+    if floor is None or given(list(job.trainer_args), "--preflight-min-busbw"):
+        return job
+    floor_arg = ("--preflight-min-busbw", f"{floor / 1e9:g}")
+    return dataclasses.replace(job, trainer_args=(*job.trainer_args, *floor_arg))
+
+
+def _final_checkpoint_written(storage: Storage | None, job: JobSpec, last: JobResult) -> bool:
+    """Did the job reach --steps with its final checkpoint written (its manifest there)? Then it is
+    done whatever happened to a host afterwards. The summary answers when the attempt printed one;
+    else the checkpoint store does."""
+    steps = _steps_of(job)
+    if steps is None:
+        return False
+    if last.summary is not None and last.summary.steps >= steps and not last.summary.interrupted:
+        return True
+    if storage is None:
+        return False
+    return checkpoint_manifest_exists(storage, steps)
+
+
+def checkpoint_manifest_exists(storage: Storage, step: int) -> bool:
+    """Whether the checkpoint of `step` is complete in the job's checkpoint store: its manifest, written
+    after every object it lists (train/checkpoint.py), is there."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    env = storage.env
+    client = boto3.client(
+        "s3", endpoint_url=storage.endpoint_url,
+        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
+        region_name=env.get("AWS_DEFAULT_REGION"),
+    )
+    bucket, _, prefix = storage.checkpoint_uri.removeprefix("s3://").partition("/")
+    try:
+        client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{step_dir(step)}/{MANIFEST}")
+        return True
+    except (ClientError, BotoCoreError):
+        return False
 
 
 def _result_of(job: JobSpec, attempts: list[Attempt], last: JobResult, reclaimer: _Reclaimer | None,

@@ -86,6 +86,18 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """What the job checks about itself: the hang watchdog (train/watchdog.py) and the preflight
+    bandwidth test (train/preflight.py)."""
+
+    hang_timeout_s: float = 300.0   # T: no step for max(K x median step, T) ends the run; 0: no watchdog
+    hang_factor: float = 10.0       # K
+    preflight: bool = True
+    preflight_min_busbw_gbps: float | None = None  # None: measure and report only
+    preflight_mib: float | None = None  # None: 2048 on GPUs (the floor's nccl-tests size), 2 on CPUs
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 100
     seed: int = 0
@@ -99,6 +111,7 @@ class TrainConfig:
     horovod: HorovodConfig = field(default_factory=HorovodConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -181,6 +194,18 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
     p.add_argument("--eval-every", type=int, default=0,
                    help="steps between evaluations, for tasks with evaluation data (0: at the end only)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
+    p.add_argument("--hang-timeout", type=float, default=300.0,
+                   help="hang watchdog: a rank that sees no step complete for max(--hang-factor x the median "
+                        "step time, this many seconds) writes every thread's stack and the collective it "
+                        "waits in, and exits 76 (restartable); 0: no watchdog (default 300)")
+    p.add_argument("--hang-factor", type=float, default=10.0, help="hang watchdog: K (default 10)")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the allreduce bandwidth test before training")
+    p.add_argument("--preflight-min-busbw", type=float, default=None, metavar="GBPS",
+                   help="preflight: fail fast (exit 69, naming the slow host) when the allreduce bus "
+                        "bandwidth (nccl-tests' busbw) is below this many GB/s; unset: report only")
+    p.add_argument("--preflight-mib", type=float, default=None,
+                   help="preflight: MiB per allreduce (default 2048 on GPUs, 2 on CPUs)")
     if task_cls is not None:
         try:
             task_cls.add_arguments(p.add_argument_group(f"task {task}"))
@@ -231,6 +256,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                                     mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
                               log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress),
+        health=HealthConfig(hang_timeout_s=a.hang_timeout, hang_factor=a.hang_factor,
+                            preflight=not a.no_preflight, preflight_min_busbw_gbps=a.preflight_min_busbw,
+                            preflight_mib=a.preflight_mib),
     )
     validate(cfg, task_cls.check_arguments(task_args))
     return cfg
@@ -286,6 +314,12 @@ def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     need(cfg.checkpoint.every >= 0, f"--checkpoint-every {cfg.checkpoint.every}: must be >= 0 (0: end only)")
     need(cfg.checkpoint.keep >= 1, f"--keep-checkpoints {cfg.checkpoint.keep}: must be >= 1")
     need(cfg.metrics.log_every >= 1, f"--log-every {cfg.metrics.log_every}: must be >= 1")
+    h = cfg.health
+    need(h.hang_timeout_s >= 0, f"--hang-timeout {h.hang_timeout_s:g}: must be >= 0 seconds (0: no watchdog)")
+    need(h.hang_factor > 0, f"--hang-factor {h.hang_factor:g}: must be > 0")
+    need(h.preflight_min_busbw_gbps is None or h.preflight_min_busbw_gbps > 0,
+         f"--preflight-min-busbw {h.preflight_min_busbw_gbps}: must be > 0 GB/s")
+    need(h.preflight_mib is None or h.preflight_mib > 0, f"--preflight-mib {h.preflight_mib}: must be > 0")
     need(_is_data_uri(cfg.data.source),
          f"--data {cfg.data.source!r}: use 'synthetic', s3://bucket/prefix or a local directory path")
     if cfg.checkpoint.uri is not None:

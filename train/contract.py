@@ -15,6 +15,23 @@ from collections.abc import Mapping, Sequence
 EXIT_INTERRUPTED_RESUMABLE = 75
 # Exit code of `python -m train` for bad input (arguments, dataset, endpoint, credentials).
 EXIT_BAD_INPUT = 2
+# Exit code when the hang watchdog ended the run (train/watchdog.py): no step completed in time. Like
+# any failure but bad input, the launcher restarts it from the newest checkpoint. 76 is EX_PROTOCOL.
+EXIT_HUNG = 76
+# Exit code when the preflight found a link below its floor (train/preflight.py): the job fails fast
+# and names the node; restarting on the same nodes would fail again. 69 is EX_UNAVAILABLE.
+EXIT_PREFLIGHT_FAILED = 69
+# Seconds every rank sleeps after each step: paces a demo or a fault test so that a fault lands
+# mid-run on a fast machine (`ringtrain run --step-pace`).
+FAULT_STEP_SLEEP_ENV = "RINGTRAIN_FAULT_STEP_SLEEP_S"
+
+# The checkpoint layout a launcher may read (train/checkpoint/store.py writes it): a checkpoint of step N
+# is complete once <checkpoint-uri>/<step_dir(N)>/<MANIFEST> exists, written after every object it lists.
+MANIFEST = "manifest.json"
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:09d}"
 
 # A spot reclaim drains the worker's node: the kubelet sends SIGTERM to the pod's PID 1 (the image's
 # entrypoint, which forwards it to the trainer ranks) and SIGKILL when the pod's

@@ -7,11 +7,15 @@ raises the same BadInput on all of them instead of leaving the others waiting.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from train.checkpoint.resume import broadcast_state
 from train.config import TrainConfig
+from train.contract import EXIT_PREFLIGHT_FAILED
 from train.errors import BadInput
+from train.preflight import host_name, measure
 from train.recipe import configure_horovod_env
 from train.stop import STOP
 from train.trainer import Progress, Trainer
@@ -33,6 +37,31 @@ def check_horovod_runtime(cfg: TrainConfig, hvd) -> None:
                        "job runs on Gloo. Drop --adasum, or launch with horovodrun --mpi")
 
 
+def preflight(cfg: TrainConfig, hvd, trainer: Trainer) -> bool:
+    """The allreduce bandwidth test (train/preflight.py), on every rank before anything else. True: this
+    rank must not train (below the floor: every rank, or in elastic mode the ranks on the slow hosts,
+    whose exit the elastic driver turns into the host's exclusion)."""
+    h = cfg.health
+    if not h.preflight or hvd.size() < 2:
+        return False
+    mib = h.preflight_mib if h.preflight_mib is not None else (2048 if trainer.on_gpu else 2)
+    floor = h.preflight_min_busbw_gbps * 1e9 if h.preflight_min_busbw_gbps is not None else None
+    result = measure(hvd, int(mib * 2**20), floor, trainer.device)
+    trainer.note_preflight(result.record())
+    if hvd.rank() == 0:
+        print(f"ringtrain: {result.describe()}", file=sys.stderr, flush=True)
+    if result.passed:
+        return False
+    excluded = cfg.horovod.elastic and result.slow and len(result.slow) < len(set(result.pairs_hosts()))
+    if excluded and host_name() not in result.slow:
+        return False   # the elastic job goes on without the slow hosts
+    if hvd.rank() == 0 or (excluded and host_name() in result.slow):
+        what = "these hosts leave the elastic job" if excluded else "the job stops before training"
+        print(f"train: error: {result.describe()}; {what} (exit {EXIT_PREFLIGHT_FAILED}, not retried)",
+              file=sys.stderr, flush=True)
+    return True
+
+
 def run(cfg: TrainConfig) -> int:
     configure_horovod_env(cfg, torch.cuda.is_available())
     import horovod.torch as hvd
@@ -42,7 +71,10 @@ def run(cfg: TrainConfig) -> int:
     if cfg.horovod.elastic:
         from train.elastic import run_elastic
 
-        return run_elastic(Trainer(cfg, hvd, STOP), hvd)
+        trainer = Trainer(cfg, hvd, STOP)
+        if preflight(cfg, hvd, trainer):
+            return EXIT_PREFLIGHT_FAILED
+        return run_elastic(trainer, hvd)
 
     error = None
     found = None
@@ -52,6 +84,8 @@ def run(cfg: TrainConfig) -> int:
     except BadInput as e:
         error = str(e)
     agree_on_inputs(hvd, error)
+    if preflight(cfg, hvd, trainer):
+        return EXIT_PREFLIGHT_FAILED
     trainer.build()
     progress = Progress()
     state = broadcast_state(hvd, found.state if found else None)

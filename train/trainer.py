@@ -20,7 +20,7 @@ import torch
 from train.checkpoint import store as ckpt
 from train.checkpoint.checkpointer import Checkpointer
 from train.config import TrainConfig
-from train.contract import EXIT_INTERRUPTED_RESUMABLE
+from train.contract import EXIT_INTERRUPTED_RESUMABLE, FAULT_STEP_SLEEP_ENV
 from train.cpu import fp16_autocast_works, idle_while_finishing
 from train.errors import BadInput
 from train.evaluation import evaluate
@@ -29,11 +29,10 @@ from train.metrics import MetricsLog, check_tensorboard_available
 from train.placement import place_worker
 from train.recipe import autocast_dtype, gradient_groups, lr_at, predivide_factor, step_seed
 from train.stop import StopRequest
+from train.stragglers import OwnTime, straggler_fields
 from train.summary import RunSummary
 from train.task import TaskContext, load_task, task_code
-
-# Test hook: seconds to sleep after every step, so a test can signal a run at a step of its choosing.
-FAULT_STEP_SLEEP_ENV = "RINGTRAIN_FAULT_STEP_SLEEP_S"
+from train.watchdog import Watchdog
 
 
 @dataclass
@@ -85,6 +84,10 @@ class Trainer:
         self.train_time = 0.0
         self.elastic_resets = 0
         self.last_eval: dict | None = None
+        self.watchdog = Watchdog(factor=cfg.health.hang_factor, floor_s=cfg.health.hang_timeout_s,
+                                 rank=hvd.rank())
+        self.own_time = OwnTime()   # this rank's own work per step, for the straggler figures
+        self.preflight: dict | None = None   # train/preflight.py's record, logged with the first metrics
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -113,6 +116,14 @@ class Trainer:
                                    initial_step)
         except OSError as e:
             raise BadInput(f"cannot open metrics output: {e}") from None
+        if self.preflight is not None:
+            self._log.log({"step": initial_step, "preflight": self.preflight, "time": time.time()})
+
+    def note_preflight(self, record: dict) -> None:
+        """train/preflight.py's result: into the metrics now if they are open, else when they open."""
+        self.preflight = record
+        if self._log is not None:
+            self._log.log({"step": 0, "preflight": record, "time": time.time()})
 
     @property
     def log(self) -> MetricsLog | None:
@@ -249,6 +260,7 @@ class Trainer:
             if not group.get("ringtrain_stats"):
                 group["lr"] = lr
         k = cfg.horovod.backward_passes_per_step
+        self.own_time.start()
         opt.zero_grad()
         self.seed_step(progress.step)
         # Sampled once per step, before the forward pass: a SIGTERM during the step counts next step.
@@ -268,17 +280,19 @@ class Trainer:
         if not self.stats_in_gradients:
             stats = torch.stack((torch.full((), stop_flag, device=self.device), step_loss.float()))
             handle = hvd.allreduce_async_(stats, op=hvd.Average, name="ringtrain.step_stats")
-        if self.adasum_updates:
-            opt.step()  # waits for the Adasum-reduced updates and applies them
-        else:
-            # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then
-            # step without a second synchronization.
-            opt.synchronize()
-        if self.stats_in_gradients:
-            stop, mean_loss = self.step_stats.grad.tolist()
-            self.step_stats.grad = None  # the optimizer leaves a parameter without a gradient alone
-        else:
-            stop, mean_loss = hvd.synchronize(handle).tolist()
+        self.own_time.stop()
+        with self.watchdog.waiting_in(f"the gradient allreduce of step {progress.step + 1}"):
+            if self.adasum_updates:
+                opt.step()  # waits for the Adasum-reduced updates and applies them
+            else:
+                # Horovod's way: finish the allreduce, then unscale/clip the averaged gradients, then
+                # step without a second synchronization.
+                opt.synchronize()
+            if self.stats_in_gradients:
+                stop, mean_loss = self.step_stats.grad.tolist()
+                self.step_stats.grad = None  # the optimizer leaves a parameter without a gradient alone
+            else:
+                stop, mean_loss = hvd.synchronize(handle).tolist()
         if not self.adasum_updates:
             self.checkpointer.copied()  # the last checkpoint's copy ran beside this step's passes so far
             if self.scaler is not None:
@@ -334,16 +348,26 @@ class Trainer:
     def loop(self, progress, commit=None) -> RunResult:
         """Train from progress.step to --steps, or until a stop, then finish. `commit` (elastic mode):
         the state's commit, a collective, made at the same steps on every rank."""
-        cfg = self.cfg
         step_sleep = float(os.environ.get(FAULT_STEP_SLEEP_ENV, "0") or 0)
         window = _Window(time.perf_counter())
         t_start = window.since
-        stopped_at = None  # time.monotonic() of the stop this loop ends on
         self.checkpointer.warn_if_resumed_rate_outlasts_a_stop()
+        self.watchdog.rank = self.hvd.rank()   # elastic: a reset may renumber this process
+        try:
+            return self._loop(progress, commit, step_sleep, window, t_start)
+        except BaseException:
+            self.watchdog.stop()   # an elastic reset's rendezvous is not a hung step
+            raise
+
+    def _loop(self, progress, commit, step_sleep: float, window: _Window, t_start: float) -> RunResult:
+        cfg = self.cfg
+        stopped_at = None  # time.monotonic() of the stop this loop ends on
         while progress.step < cfg.steps:
             stopping = self.train_step(progress)
             if step_sleep:
                 time.sleep(step_sleep)
+            self.watchdog.beat(progress.step)
+            self.watchdog.start()   # armed once the first step is done (a no-op after that)
             last = progress.step >= cfg.steps
             self.record_step(progress, window, flush=last or stopping > 0)
             if commit is not None and progress.step % cfg.horovod.commit_every == 0:
@@ -371,6 +395,11 @@ class Trainer:
         if not (flush or progress.step % cfg.metrics.log_every == 0):
             return
         mean = self.loss_sum / max(self.loss_count, 1)
+        own = self.own_time.take_mean()
+        per_rank = [own]
+        if hvd.size() > 1:   # every rank logs at the same steps: a collective is safe here
+            with self.watchdog.waiting_in("the per-rank step time allgather"):
+                per_rank = hvd.allgather(torch.tensor([own]), name="ringtrain.own_time").tolist()
         now = time.perf_counter()
         if self.log is not None:
             self.log.log({
@@ -379,6 +408,7 @@ class Trainer:
                 "lr": self.optimizer.param_groups[0]["lr"], "world_size": hvd.size(),
                 # steps of the checkpoints taken since the previous record: the run report marks them
                 "checkpoints": self.checkpointer.take_steps(),
+                **straggler_fields(per_rank),
                 "time": time.time(),
             })
         self.loss_sum = 0.0
@@ -391,10 +421,11 @@ class Trainer:
         process is one that leaves."""
         if self.stop.requested:
             idle_while_finishing()  # this process only finishes up now (train.cpu)
-        if self.checkpointer.enabled:
-            self.save_checkpoint(progress, None)
-            self.checkpointer.wait()
-        commit()
+        with self.watchdog.paused():
+            if self.checkpointer.enabled:
+                self.save_checkpoint(progress, None)
+                self.checkpointer.wait()
+            commit()
         if self.stop.requested:
             print(f"ringtrain: rank {self.hvd.rank()} leaves the elastic job after SIGTERM at step "
                   f"{progress.step}", file=sys.stderr, flush=True)
@@ -405,17 +436,19 @@ class Trainer:
         """The periodic work after a step: an evaluation, a checkpoint (and in elastic mode a commit
         with it). Not after the last step: finishing does both."""
         cfg = self.cfg
-        if cfg.metrics.eval_every and progress.step % cfg.metrics.eval_every == 0 and not last:
-            self.last_eval = self.evaluate(progress.step)
-        if self.checkpointer.due(progress.step, last):
-            self.save_checkpoint(progress, None, defer_while_busy=True)
-            if commit is not None and progress.step % cfg.checkpoint.every == 0:
-                commit()  # a collective: every rank at the same steps (a deferred one is rank 0's alone)
+        with self.watchdog.paused():   # an evaluation or a checkpoint is not a hung step
+            if cfg.metrics.eval_every and progress.step % cfg.metrics.eval_every == 0 and not last:
+                self.last_eval = self.evaluate(progress.step)
+            if self.checkpointer.due(progress.step, last):
+                self.save_checkpoint(progress, None, defer_while_busy=True)
+                if commit is not None and progress.step % cfg.checkpoint.every == 0:
+                    commit()  # a collective: every rank at the same steps (a deferred one is rank 0's alone)
 
     def finish(self, progress, stopped_at: float | None) -> RunResult:
         """The final (or the stop's) checkpoint, the final evaluation, the summary, and a barrier."""
         hvd = self.hvd
         interrupted = stopped_at is not None
+        self.watchdog.stop()   # finishing (the last checkpoint, evaluation) is bounded by its own limits
         if not self.cfg.horovod.elastic:  # (in elastic mode a reset can bring this process back to training)
             # From here every rank only finishes up and waits: the cores go to what it waits on.
             idle_while_finishing()

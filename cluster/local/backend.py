@@ -49,6 +49,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_NAMESPACE = "training"
 LOCAL_SERVICE_ACCOUNT = "trainer"
 LOCAL_IMAGE = "ringtrain-local:checkout"
+# `--fault slow-link`: the host's link capped at 10 Mbit/s (1.25 MB/s) both ways.
+SLOW_LINK_RATE = "10mbit"
+# The preflight's allreduce busbw floor on local hosts, bytes/s. Gloo over the bridge moved 16 MB/s at
+# 1 MiB and 160-210 MB/s at 8 MiB between two ranks on this project's 2-core machine with every core
+# busy with other work (2026-12-06); the slow link moves 1.25 MB/s. 5 MB/s is 3x under the first and
+# 4x over the second.
+LOCAL_PREFLIGHT_FLOOR = 5e6
 
 
 def storage_for(prefix: str, job_name: str, dataset: str, endpoint_url: str | None,
@@ -257,6 +264,10 @@ class LocalBackend(Backend):
     def cancel(self, handle: JobHandle) -> None:
         procs.stop_popen_tree(self._job(handle).proc)
 
+    def preflight_floor(self, job: JobSpec) -> float | None:
+        """The allreduce busbw floor (bytes/s) this cluster's links must reach (train/preflight.py)."""
+        return LOCAL_PREFLIGHT_FLOOR
+
     # ------------------------------------------------------------------ fault injection
     def host_names(self) -> list[str]:
         return [h.name for h in self._hosts().hosts]
@@ -270,6 +281,26 @@ class LocalBackend(Backend):
                                   self.reclaim_notice_s if notice_s is None else notice_s)
         except HostError as e:
             raise BackendError(str(e)) from e
+
+    def kill(self, host: str) -> None:
+        try:
+            if not self._hosts().kill(host):
+                raise BackendError(f"kill {host}: no worker process on it")
+        except HostError as e:
+            raise BackendError(str(e)) from e
+
+    def freeze(self, host: str) -> None:
+        try:
+            if not self._hosts().freeze(host):
+                raise BackendError(f"hang {host}: no worker process on it")
+        except HostError as e:
+            raise BackendError(str(e)) from e
+
+    def slow_link(self, host: str) -> None:
+        try:
+            self._hosts().slow_link(host, SLOW_LINK_RATE)
+        except (HostError, NetworkSetupError, ValueError) as e:
+            raise BackendError(f"slow link {host}: {e}") from e
 
     def restore(self, host: str) -> None:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -283,10 +284,35 @@ class LocalHosts:
         self._stop_host(host)
         self.log(f"reclaim {host.name}: host is gone")
 
+    def kill(self, name: str) -> int:
+        """A hard failure: SIGKILL to the host's workers, no notice, no checkpoint (a node crash, an OOM
+        kill, a reclaim without a drain). The host stays up. Returns how many were killed."""
+        workers = self.workers_on(self.get(name))
+        self.log(f"kill {name}: SIGKILL to {len(workers)} worker process(es)")
+        procs.signal_all(workers, signal.SIGKILL)
+        return len(workers)
+
+    def freeze(self, name: str) -> int:
+        """A hang: SIGSTOP to the host's workers (a wedged node that neither answers nor fails). Its
+        peers block in their next collective until their watchdog ends them."""
+        workers = self.workers_on(self.get(name))
+        self.log(f"hang {name}: SIGSTOP to {len(workers)} worker process(es)")
+        procs.signal_all(workers, signal.SIGSTOP)
+        return len(workers)
+
+    def slow_link(self, name: str, rate: str) -> None:
+        """A degraded link: the host's traffic capped at `rate` both ways (tc tbf), until it restarts."""
+        host = self.get(name)
+        network.slow_down_link(self._plan(), host.plan, rate)
+        self.log(f"slow link {name}: capped at {rate} both ways (tc tbf)")
+
     def restore(self, name: str) -> None:
-        """Bring a reclaimed host back (a replacement node: same name, address and keys)."""
+        """Bring a faulted host back: a reclaimed one returns (a replacement node: same name, address
+        and keys); on a live one, frozen workers left by a hang are killed."""
         host = self.get(name)
         if host.live:
+            frozen = [p for p in self.workers_on(host) if _stopped(p)]
+            procs.signal_all(frozen, signal.SIGKILL)
             return
         self._start_host(host)
         self.log(f"restore {host.name} ({host.address}): host is back")
@@ -372,3 +398,10 @@ class LocalHosts:
             host.sshd = None
         if host.plan.netns and not keep_namespace:
             network.delete_host_netns(host.plan)
+
+
+def _stopped(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False

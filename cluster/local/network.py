@@ -144,6 +144,29 @@ def _ip(*args: str, netns: str | None = None) -> str:
     return out.stdout
 
 
+def rate_limit_commands(plan: NetworkPlan, host: HostPlan, rate: str) -> list[list[str]]:
+    """tc commands that cap a host's link at `rate` both ways (pure): a token bucket filter (tc-tbf(8))
+    on the bridge end of its veth (traffic to the host) and on its eth0 inside the namespace (traffic
+    from it). tbf, not netem: this machine's kernel has no sch_netem ("Specified qdisc kind is
+    unknown"), and a rate cap is what a degraded link is."""
+    if not (plan.isolated and host.netns and host.veth_outer):
+        raise ValueError(f"{host.name}: a slow link needs network-namespace hosts (run as root)")
+    tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+    return [["tc", "qdisc", "replace", "dev", host.veth_outer, *tbf],
+            ["ip", "netns", "exec", host.netns, "tc", "qdisc", "replace", "dev", plan.pod_iface, *tbf]]
+
+
+def slow_down_link(plan: NetworkPlan, host: HostPlan, rate: str) -> None:
+    """Cap the host's link at `rate` (tc tbf) until the host is stopped (its veth goes with it)."""
+    for cmd in rate_limit_commands(plan, host, rate):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise NetworkSetupError(f"`{' '.join(cmd)}` failed: {e}") from e
+        if out.returncode != 0:
+            raise NetworkSetupError(f"`{' '.join(cmd)}` failed: {out.stderr.strip() or out.returncode}")
+
+
 def _subnets_in_use() -> set[int]:
     used = set()
     for line in _ip("-4", "-o", "addr", "show").splitlines():

@@ -244,7 +244,11 @@ def test_cli_elastic_passes_trainer_args_and_restores_the_host_later():
 @pytest.mark.parametrize("argv,needle", [
     (["--hosts", "0"], "--hosts 0"),
     (["--steps", "0"], "--steps 0"),
-    (["--reclaim-at-step", "300"], "--reclaim-at-step 300"),
+    (["--reclaim-at-step", "301"], "--reclaim-at-step 301"),   # 300 (= --steps) is a late reclaim
+    (["--max-restarts", "-1"], "--max-restarts -1"),
+    (["--step-pace", "-1"], "--step-pace -1"),
+    (["--hang-timeout", "5"], "only with --fault hang"),
+    (["--fault", "kill", "--no-reclaim"], "choose one"),
     (["--min-hosts", "1"], "only with --elastic"),
     (["--elastic", "--min-hosts", "3"], "--min-hosts 3"),
     (["--reclaim-host", "host-7"], "host-0 .. host-1"),
@@ -254,6 +258,7 @@ def test_cli_elastic_passes_trainer_args_and_restores_the_host_later():
     (["stray"], "after `--`"),
 ])
 def test_cli_rejects_bad_arguments_naming_what_is_wrong(argv, needle):
+    # (--fault itself is an argparse choice: a wrong one exits 2 naming the choices)
     with pytest.raises(UsageError, match=None) as e:
         check_args(_args(*argv))
     assert needle in str(e.value)
@@ -373,3 +378,18 @@ def test_adasum_is_refused_for_a_multi_worker_cluster_launch():
     with pytest.raises(ValueError, match="--adasum with 2 workers: the cluster launch runs Horovod"):
         JobSpec(name="j", num_hosts=2, trainer_args=("--adasum",))
     JobSpec(name="j", num_hosts=1, trainer_args=("--adasum",))  # one worker: Horovod's plain optimizer
+
+
+def test_the_fault_demo_paces_elastic_runs_and_gives_a_hang_its_watchdog_limit():
+    from cluster.cli import ELASTIC_DEMO_STEP_PACE_S, HANG_DEMO_TIMEOUT_S, job_from_args, with_fault_settings
+    from train.contract import FAULT_STEP_SLEEP_ENV
+
+    a = _args("--elastic")
+    job = with_fault_settings(job_from_args(a), a)
+    assert job.env[FAULT_STEP_SLEEP_ENV] == f"{ELASTIC_DEMO_STEP_PACE_S:g}"
+    a = _args("--fault", "hang")
+    job = with_fault_settings(job_from_args(a), a)
+    assert FAULT_STEP_SLEEP_ENV not in job.env
+    assert job.trainer_args[-2:] == ("--hang-timeout", f"{HANG_DEMO_TIMEOUT_S:g}")
+    opts = options_from_args(_args("--fault", "kill", "--max-restarts", "4"))
+    assert (opts.fault, opts.max_restarts, opts.reclaim_at_step) == ("kill", 4, 150)

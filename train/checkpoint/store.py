@@ -32,11 +32,11 @@ import torch
 import torch.utils.serialization as torch_serialization
 
 from train import checksum
+from train.contract import MANIFEST, step_dir
 from train.storage import Store
 
 FORMAT = "ringtrain-checkpoint/1"
 STATE = "state.pt"
-MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 # Fault injection for tests: seconds to wait between writing the objects and the manifest, so a test
 # can kill the writer at exactly the moment that must not produce a valid checkpoint.
@@ -47,10 +47,6 @@ FAULT_READ_DELAY_ENV = "RINGTRAIN_FAULT_CHECKPOINT_READ_DELAY_S"
 
 class CheckpointWarning(UserWarning):
     pass
-
-
-def step_dir(step: int) -> str:
-    return f"step-{step:09d}"
 
 
 class WriteCancelled(Exception):
