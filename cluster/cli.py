@@ -116,8 +116,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="stop the job (and fail the run) when it runs longer than this, counted from its "
                             "first output (default: no limit)")
     where.add_argument("--startup-timeout", type=float, default=None, metavar="SECONDS",
-                       help="AWS: fail when the job has not started this long after submit: nodes Ready, "
-                            "pods scheduled, images pulled, self-test passed (default 1800)")
+                       help="AWS: fail when the job has not started this long after its node group was "
+                            "scaled up: nodes Ready, pods scheduled, images pulled, self-test passed "
+                            "(default 1800)")
     aws_cli.add_capacity_arguments(where)
 
     train = r.add_argument_group("training")

@@ -91,9 +91,10 @@ from .stack import (
 )
 
 POLL_S = 10.0
-# From submit until the job runs: nodes Ready, the previous job's pods gone, every pod scheduled, its
-# image pulled, the self-test passed, the launcher started. Past it the job fails naming the pods still
-# Pending. Spot capacity and a multi-GB image pull on fresh nodes take minutes, not half an hour.
+# From the scale-up of the node group the job gets (the last one tried) until it runs: nodes Ready, the
+# previous job's pods gone, every pod scheduled, its image pulled, the self-test passed, the launcher
+# started. Past it the job fails naming the pods still Pending. Spot capacity and a multi-GB image pull
+# on fresh nodes take minutes, not half an hour.
 STARTUP_TIMEOUT_S = 1800.0
 LOG_RECONNECTS = 20           # `kubectl logs -f` streams opened again while the launcher runs
 FINAL_LOG_LINES = 2000        # the launcher's log read once it ended: the summary and exit lines

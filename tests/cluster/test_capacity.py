@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -224,8 +225,12 @@ def test_a_later_submit_on_the_preferred_group_scales_the_fallback_back(two_grou
     fake.add_nodes("l4-spot", 2, GPU_NODE)
     fake.plan(JobScript(log=DONE_LOG, exit_code=0), JobScript(log=DONE_LOG, exit_code=0))
     backend, messages = _backend(dev_exports, tmp_path, node_group="a10g-spot,l4-spot",
-                                 capacity_timeout_s=0.5)
-    assert backend.submit(JOB).details["node_group"] == "l4-spot"
+                                 capacity_timeout_s=0.5, startup_timeout_s=100.0)
+    submitted = time.monotonic()
+    first = backend.submit(JOB)
+    assert first.details["node_group"] == "l4-spot"
+    # the start is timed from l4-spot's scale-up, after the 0.5 s on a10g-spot
+    assert first.details["startup_deadline"] >= submitted + 0.5 + 100.0
     fake.add_nodes("a10g-spot", 2, GPU_NODE)    # spot A10G capacity is back for the resubmission
     assert backend.submit(JOB).details["node_group"] == "a10g-spot"
     assert desired() == {"a10g-spot": 2, "l4-spot": 0}, messages
