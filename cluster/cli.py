@@ -117,8 +117,10 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                        help="stop the job (and fail the run) when it runs longer than this, counted from its "
                             "first output (default: no limit)")
     where.add_argument("--startup-timeout", type=float, default=None, metavar="SECONDS",
-                       help="AWS: fail when the job has not started this long after submit: nodes Ready, "
-                            "pods scheduled, images pulled, self-test passed (default 1800)")
+                       help="AWS: fail when the job has not started this long after its node group was "
+                            "scaled up: nodes Ready, pods scheduled, images pulled, self-test passed "
+                            "(default 1800)")
+    aws_cli.add_capacity_arguments(where)
 
     train = r.add_argument_group("training")
     train.add_argument("--job-name", default=None,
@@ -247,6 +249,8 @@ def check_args(a: argparse.Namespace) -> None:
         problems.append("--stack: only with --backend aws")
     elif a.startup_timeout is not None:
         problems.append("--startup-timeout: only with --backend aws")
+    if a.backend != "aws" and (a.node_group is not None or a.capacity_timeout is not None):
+        problems.append("--node-group/--capacity-timeout: only with --backend aws")
     try:  # the name alone: --hosts is checked above, in its own words
         JobSpec(name=job_name_of(a), num_hosts=1)
         check_job_name(job_name_of(a), max(a.hosts, 1))   # the MPI Operator's rule for its pod names
@@ -341,7 +345,8 @@ def make_backend(a: argparse.Namespace) -> Backend:
         # imported lazily: needs pulumi and boto3 only then
         from cluster.aws.backend import STARTUP_TIMEOUT_S, AwsBackend
 
-        return AwsBackend(stack=a.stack, startup_timeout_s=a.startup_timeout or STARTUP_TIMEOUT_S)
+        return AwsBackend(stack=a.stack, node_group=a.node_group, capacity_timeout_s=a.capacity_timeout,
+                          startup_timeout_s=a.startup_timeout or STARTUP_TIMEOUT_S)
     from tqdm import tqdm
 
     from cluster.local.backend import LocalBackend
@@ -423,6 +428,10 @@ def with_fault_settings(job: JobSpec, a: argparse.Namespace) -> JobSpec:
 
 def cmd_run(a: argparse.Namespace) -> int:
     check_args(a)
+    if a.backend == "aws":   # before anything is stood up: every group named is in the stack
+        from cluster.aws.capacity import check_against_stack_config, parse_node_groups
+
+        check_against_stack_config(parse_node_groups(a.node_group), a.stack)
     check_environment(a.backend)
     job = with_fault_settings(job_from_args(a), a)
     check_trainer_args(job)

@@ -43,8 +43,9 @@ def node_hours(attempt: Attempt) -> float:
     return len(attempt.hosts) * max(0.0, attempt.ended_at - attempt.started_at) / 3600.0
 
 
-def _price(types: tuple[str, ...], capacity_type: str,
-           catalog: Mapping[str, InstanceType]) -> tuple[str | None, float | None, str]:
+def list_price(types: tuple[str, ...], capacity_type: str,
+               catalog: Mapping[str, InstanceType]) -> tuple[str | None, float | None, str]:
+    """(the type priced, its $/h per node, a note) for a node group; None where it is not priced."""
     if capacity_type == "CAPACITY_BLOCK":
         return None, None, "Capacity Block: paid up front for the block, not by the hour"
     unknown = [t for t in types if t not in catalog]
@@ -73,7 +74,7 @@ def node_group_costs(attempts: Iterable[Attempt], catalog: Mapping[str, Instance
         hours[key] = hours.get(key, 0.0) + node_hours(attempt)
     costs = []
     for (group, types, capacity), total in hours.items():
-        priced, each, note = _price(types, capacity, catalog)
+        priced, each, note = list_price(types, capacity, catalog)
         costs.append(NodeGroupCost(group, capacity, priced, total, each, note))
     return costs
 

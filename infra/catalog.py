@@ -53,11 +53,17 @@ class InstanceType(_Record):
     on_demand_usd_per_hour: float | None = Field(ge=0)
     price_source: str
     price_date: str
+    # nccl-tests allreduce busbw measured between two such instances (GB/s), with where it was read:
+    # the reference the job's preflight floor derives from (cluster/aws/backend.py). None: not measured.
+    allreduce_busbw_gbps: float | None = Field(default=None, gt=0)
+    allreduce_busbw_source: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> InstanceType:
         if (self.gpus > 0) != (self.gpu_model is not None):
             raise ValueError("gpuModel must be set exactly when gpus > 0")
+        if (self.allreduce_busbw_gbps is None) != (self.allreduce_busbw_source is None):
+            raise ValueError("allreduceBusbwGbps needs its allreduceBusbwSource, and only with it")
         if not self.efa and self.network_cards != 1:
             raise ValueError("a type without EFA has networkCards: 1")
         return self

@@ -5,7 +5,10 @@
     submit(job) scale the GPU node group to the job's hosts (EKS API; the stack ignores desiredSize
                 changes, the cost guard scales idle groups back down), wait for Ready nodes, apply the
                 rendered MPIJob
-                (after deleting the previous MPIJob of that name and waiting until its pods are gone)
+                (after deleting the previous MPIJob of that name and waiting until its pods are gone).
+                Given several node groups (`--node-group a,b,c`), a group whose nodes are not Ready
+                within the capacity timeout is scaled back and the next one is tried
+                (cluster/aws/capacity.py); the log says where the job runs and at what price
     logs(h)     wait until the job has started, then follow the launcher's output; fails at once,
                 naming the pod and the reason, when a pod cannot be scheduled, its self-test (init
                 container) fails, its image cannot be pulled, or pods are still Pending at the
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,19 @@ from cluster.mpijob import (
     worker_hostnames,
     worker_nodes,
 )
+from infra.catalog import InstanceType, load_catalog
 from infra.storage_layout import checkpoint_uri, dataset_uri
 from train.summary import last_summary
 
+from .capacity import (
+    CapacityWait,
+    choose_groups,
+    exhausted_message,
+    fallback_message,
+    node_wait_s,
+    parse_node_groups,
+    running_message,
+)
 from .kubectl import (
     Kubectl,
     LogStreamError,
@@ -78,12 +91,19 @@ from .stack import (
 )
 
 POLL_S = 10.0
-# From submit until the job runs: nodes Ready, the previous job's pods gone, every pod scheduled, its
-# image pulled, the self-test passed, the launcher started. Past it the job fails naming the pods still
-# Pending. Spot capacity and a multi-GB image pull on fresh nodes take minutes, not half an hour.
+# From the scale-up of the node group the job gets (the last one tried) until it runs: nodes Ready, the
+# previous job's pods gone, every pod scheduled, its image pulled, the self-test passed, the launcher
+# started. Past it the job fails naming the pods still Pending. Spot capacity and a multi-GB image pull
+# on fresh nodes take minutes, not half an hour.
 STARTUP_TIMEOUT_S = 1800.0
 LOG_RECONNECTS = 20           # `kubectl logs -f` streams opened again while the launcher runs
 FINAL_LOG_LINES = 2000        # the launcher's log read once it ended: the summary and exit lines
+# The preflight's floor as a share of the catalog's reference busbw (two such nodes, nccl-tests at
+# 2 GiB, the size the trainer's preflight uses on GPUs). Half: NCCL fallen back to TCP, or EFA at a
+# quarter of its bandwidth (skypilot issue 8391: ~20 GB/s on 2 x p4de where ~78 was expected), fail
+# clearly; a healthy pair (its in-place and out-of-place runs a few GB/s apart in the reference) and
+# Horovod's overhead on top of NCCL stay well clear of it.
+PREFLIGHT_FLOOR_SHARE = 0.5
 
 
 def nodes_needed(job: JobSpec) -> int:
@@ -98,6 +118,21 @@ def check_fits_group(job: JobSpec, group: NodeGroupOutput, max_size: int | None)
         raise BackendError(f"job {job.name!r} needs {job.num_hosts} hosts but node group {group.name!r} "
                            f"has maxSize {max_size}: allowed are 1..{max_size} "
                            "(raise maxSize in the stack config)")
+
+
+def busbw_floor(instance_types: Iterable[str], hosts: int,
+                catalog: Mapping[str, InstanceType]) -> float | None:
+    """The allreduce busbw (bytes/s) a job on these types must reach in its preflight (pure), or None
+    (measure and report only): a single-node job (the reference is a two-node, network figure), or a
+    type without a reference in the catalog. Several types (fallback groups, a group's types): the
+    lowest, since the job may land on any of them."""
+    types = list(instance_types)
+    if hosts < 2 or not types:
+        return None
+    references = [catalog[t].allreduce_busbw_gbps if t in catalog else None for t in types]
+    if any(r is None for r in references):
+        return None
+    return min(r for r in references if r is not None) * PREFLIGHT_FLOOR_SHARE * 1e9
 
 
 def image_reference(outputs: StackOutputs, version: str) -> str:
@@ -123,7 +158,8 @@ class AwsBackend(Backend):
         self,
         stack: str,
         *,
-        node_group: str | None = None,
+        node_group: str | Sequence[str] | None = None,
+        capacity_timeout_s: float | None = None,
         dataset: str | None = None,
         image: str | None = None,
         worker_memory: str | None = None,
@@ -135,7 +171,8 @@ class AwsBackend(Backend):
         log: Callable[[str], Any] = print,
     ):
         self.stack = stack
-        self.node_group = node_group
+        self.node_groups = parse_node_groups(node_group)   # in order of preference; (): the only one
+        self.capacity_timeout_s = capacity_timeout_s
         self.dataset = dataset
         self.image = image
         self.worker_memory = worker_memory
@@ -148,6 +185,7 @@ class AwsBackend(Backend):
         self._ops: StackOps | None = None
         self._outputs: StackOutputs | None = None
         self._kubectl: Kubectl | None = None
+        self._scaled: dict[str, int] = {}   # node group -> its desired size before this backend scaled it
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -183,13 +221,23 @@ class AwsBackend(Backend):
     def storage(self, job_name: str) -> Storage:
         return storage_for(self.outputs(), job_name, self.dataset)
 
-    def render(self, job: JobSpec) -> dict[str, Any]:
-        """The MPIJob this backend would submit for `job` (no cluster access beyond the stack outputs)."""
-        from infra.catalog import load_catalog
-
+    def candidate_groups(self) -> tuple[NodeGroupOutput, ...]:
+        """The node groups a job may run on, in the order tried; every one named must be in the stack."""
         outputs = self.outputs()
         outputs.require_compute()
-        group = outputs.node_group(self.node_group)
+        return choose_groups(self.node_groups, outputs.node_groups, self.stack)
+
+    def preflight_floor(self, job: JobSpec) -> float | None:
+        """The busbw floor for the job's node types (train/preflight.py; the flow passes it on as the
+        trainer's --preflight-min-busbw)."""
+        types = [t for g in self.candidate_groups() for t in g.instance_types]
+        return busbw_floor(types, job.num_hosts, load_catalog().instance_types)
+
+    def render(self, job: JobSpec, group: NodeGroupOutput | None = None) -> dict[str, Any]:
+        """The MPIJob this backend would submit for `job` on `group` (default: the first candidate; no
+        cluster access beyond the stack outputs)."""
+        outputs = self.outputs()
+        group = group or self.candidate_groups()[0]
         workers = worker_nodes(group.name, group.instance_types, group.capacity_type, group.efa_interfaces,
                                load_catalog().instance_types, memory_limit=self.worker_memory)
         image = self.image or image_reference(outputs, read_image_version(self.repo_root))
@@ -199,12 +247,16 @@ class AwsBackend(Backend):
                              workers=workers, launcher=SYSTEM_NODES)
 
     def submit(self, job: JobSpec) -> JobHandle:
-        manifest = self.render(job)   # all input checks before anything is scaled or applied
+        groups = self.candidate_groups()
+        # All input checks before anything is scaled or applied: the manifest and size on every group.
+        manifests = {g.name: self.render(job, g) for g in groups}
         outputs = self.outputs()
-        group = outputs.node_group(self.node_group)
-        started = time.monotonic()
-        self._scale(outputs, group, job)
-        self._wait_for_nodes(group, nodes_needed(job), _node_resources(manifest), started)
+        eks = self._eks()
+        sizes = {g.name: self._scaling(eks, outputs, g) for g in groups}
+        for g in groups:
+            check_fits_group(job, g, sizes[g.name].get("maxSize"))
+        group, started = self._capacity(eks, outputs, groups, sizes, job, manifests)
+        manifest = manifests[group.name]
         namespace = manifest["metadata"]["namespace"]
         # A resubmission (after exit 75) reuses the name: the operator never reruns a finished MPIJob,
         # so the old one goes first, with all its pods; the new one resumes from the checkpoints in S3.
@@ -316,34 +368,75 @@ class AwsBackend(Backend):
 
     # -- steps --------------------------------------------------------------------------------
 
-    def _scale(self, outputs: StackOutputs, group: NodeGroupOutput, job: JobSpec) -> None:
+    @staticmethod
+    def _eks() -> Any:
         import boto3
 
+        return boto3.client("eks")
+
+    def _scaling(self, eks: Any, outputs: StackOutputs, group: NodeGroupOutput) -> dict[str, Any]:
         if not group.eks_name:
             raise BackendError(
                 f"stack {self.stack!r} does not export the EKS name of node group {group.name!r}")
-        eks = boto3.client("eks")
         current = eks.describe_nodegroup(clusterName=outputs.cluster_name, nodegroupName=group.eks_name)
-        scaling = current["nodegroup"]["scalingConfig"]
-        check_fits_group(job, group, scaling.get("maxSize"))
-        if scaling.get("desiredSize", 0) < job.num_hosts:
+        return dict(current["nodegroup"]["scalingConfig"])
+
+    def _capacity(self, eks: Any, outputs: StackOutputs, groups: Sequence[NodeGroupOutput],
+                  sizes: dict[str, dict[str, Any]], job: JobSpec,
+                  manifests: dict[str, dict[str, Any]]) -> tuple[NodeGroupOutput, float]:
+        """The first group, in order, whose nodes are Ready in time, and when it was scaled; the others
+        tried are scaled back. BackendError when none has them (each scaled back, nothing submitted)."""
+        catalog = load_catalog().instance_types
+        needed = nodes_needed(job)
+        wait_s = node_wait_s(self.capacity_timeout_s, self.startup_timeout_s)
+        waits: list[CapacityWait] = []
+        for i, group in enumerate(groups):
+            started = time.monotonic()
+            self._scale(eks, outputs, group, sizes[group.name].get("desiredSize", 0), job.num_hosts)
+            resources = _node_resources(manifests[group.name])
+            ready = self._wait_for_nodes(group, needed, resources, started + wait_s)
+            if ready >= needed:
+                # A group an earlier attempt ran on is not needed now: its nodes would idle, billed.
+                for other in groups:
+                    if other.name != group.name and other.name in self._scaled:
+                        self._scale_back(eks, outputs, other)
+                self._log(running_message(group, job.num_hosts, waits, catalog))
+                return group, started
+            waits.append(CapacityWait(group.name, ready, needed, time.monotonic() - started,
+                                      self._scale_back(eks, outputs, group)))
+            if len(groups) == 1:
+                raise BackendError(f"node group {group.name!r}: {ready} of {needed} nodes Ready with "
+                                   f"{_describe(resources)} after {wait_s:g} s (spot capacity or quota?)"
+                                   + _scaled_back(waits[-1]) + "; nothing was submitted")
+            if i + 1 < len(groups):
+                self._log(fallback_message(waits[-1], groups[i + 1], catalog, job.num_hosts))
+        raise BackendError(exhausted_message(waits))
+
+    def _scale(self, eks: Any, outputs: StackOutputs, group: NodeGroupOutput, before: int,
+               hosts: int) -> None:
+        if before < hosts:
             eks.update_nodegroup_config(clusterName=outputs.cluster_name, nodegroupName=group.eks_name,
-                                        scalingConfig={"desiredSize": job.num_hosts})
-            before = scaling.get("desiredSize", 0)
-            self._log(f"node group {group.name}: desired size {before} -> {job.num_hosts}")
+                                        scalingConfig={"desiredSize": hosts})
+            self._scaled.setdefault(group.name, before)
+            self._log(f"node group {group.name}: desired size {before} -> {hosts}")
+
+    def _scale_back(self, eks: Any, outputs: StackOutputs, group: NodeGroupOutput) -> int | None:
+        """The group back at the desired size it had before this backend scaled it (None: not scaled)."""
+        before = self._scaled.pop(group.name, None)
+        if before is not None:
+            eks.update_nodegroup_config(clusterName=outputs.cluster_name, nodegroupName=group.eks_name,
+                                        scalingConfig={"desiredSize": before})
+            self._log(f"node group {group.name}: desired size back to {before}")
+        return before
 
     def _wait_for_nodes(self, group: NodeGroupOutput, needed: int, resources: dict[str, int],
-                        started: float) -> None:
-        deadline = started + self.startup_timeout_s
+                        deadline: float) -> int:
+        """Ready nodes of the group once `needed` are, or at the deadline (then fewer)."""
         while True:
             nodes = self._k().get_json("nodes", "-l", f"{NODE_POOL_LABEL}={group.name}")
             ready = ready_nodes(nodes, resources)
-            if ready >= needed:
-                return
-            if time.monotonic() >= deadline:
-                raise BackendError(f"node group {group.name!r}: {ready} of {needed} nodes Ready with "
-                                   f"{_describe(resources)} after {self.startup_timeout_s:g} s (spot "
-                                   "capacity or quota?); nothing was submitted")
+            if ready >= needed or time.monotonic() >= deadline:
+                return ready
             self._log(f"node group {group.name}: {ready}/{needed} nodes Ready")
             time.sleep(POLL_S)
 
@@ -451,6 +544,10 @@ def _node_resources(manifest: dict[str, Any]) -> dict[str, int]:
 
 def _describe(resources: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in resources.items()) or "no extended resources"
+
+
+def _scaled_back(wait: CapacityWait) -> str:
+    return "" if wait.scaled_back_to is None else f"; scaled back to {wait.scaled_back_to}"
 
 
 def _utc_now() -> str:

@@ -26,6 +26,27 @@ def _positive_hours(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be > 0 seconds")
+    return value
+
+
+def add_capacity_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--node-group and --capacity-timeout, the same for `submit` and `run --backend aws`."""
+    p.add_argument("--node-group", metavar="GROUP[,GROUP...]",
+                   help="GPU node group, or several in the order to try them, e.g. a10g-spot,l4-spot,"
+                        "a10g-ondemand: a group whose nodes are not Ready in time is scaled back and the "
+                        "next is tried (default: the stack's only GPU group)")
+    p.add_argument("--capacity-timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="how long each node group gets to have the job's nodes Ready before the next "
+                        "is tried (default: the startup timeout, 1800)")
+
+
 def _add(sub: argparse._SubParsersAction, name: str, help: str, examples: str) -> argparse.ArgumentParser:
     sp = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -74,7 +95,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                   "  ringtrain submit --stack dev --job-name resnet --hosts 2 --follow \\\n"
                   "      -- --model cnn --steps 1000\n"
                   "  ringtrain submit --stack dev --job-name j --hosts 2 --dry-run --outputs outputs.json\n"
-                  "    (--dry-run with --outputs FILE needs no AWS at all: it prints the manifest)")
+                  "    (--dry-run with --outputs FILE needs no AWS at all: it prints the manifest)\n"
+                  "  ringtrain submit --stack dev --job-name j --hosts 2 --node-group a10g-spot,l4-spot \\\n"
+                  "      --capacity-timeout 600     spot A10G; without nodes in 10 minutes, spot L4")
     submit.add_argument("--job-name", required=True,
                         help="lower-case letters, digits and '-', a letter first; at most 54 characters "
                              "with up to 10 hosts (the operator's pod names <name>-worker-<i>)")
@@ -84,7 +107,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("--elastic", action="store_true",
                         help="elastic Horovod via the operator's discovery script")
     submit.add_argument("--min-hosts", type=int, default=None, help="elastic: fewest hosts to keep training")
-    submit.add_argument("--node-group", help="GPU node group (default: the stack's only one)")
+    add_capacity_arguments(submit)
     submit.add_argument("--dataset", help="dataset name under s3://<datasets>/datasets/ (default: job name)")
     submit.add_argument("--image",
                         help="full worker image reference (default <ecrRepositoryUrl>:<image/VERSION>); the "
@@ -236,9 +259,9 @@ def cmd_submit(a: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     factory = (lambda s: _OutputsFile(s, a.outputs)) if a.outputs else \
         (lambda s: AutomationStack(s, create=False))
-    backend = AwsBackend(stack=a.stack, node_group=a.node_group, dataset=a.dataset, image=a.image,
-                         worker_memory=a.worker_memory, ops_factory=factory)
-    group = backend.outputs().node_group(a.node_group)
+    backend = AwsBackend(stack=a.stack, node_group=a.node_group, capacity_timeout_s=a.capacity_timeout,
+                         dataset=a.dataset, image=a.image, worker_memory=a.worker_memory, ops_factory=factory)
+    group = backend.candidate_groups()[0]   # slots default to its GPUs; every group must have as many
     catalog = load_catalog()
     gpus = catalog[group.instance_types[0]].gpus if group.instance_types[0] in catalog else None
     job = job_from_args(a, gpus)
