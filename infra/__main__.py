@@ -34,6 +34,7 @@ from infra.config import (  # noqa: E402
     load_stack_config,
 )
 from infra.data import DataLayer  # noqa: E402
+from infra.logs import ServiceLogGroups  # noqa: E402
 from infra.network import Network  # noqa: E402
 from infra.nodegroups import lookup_capacity_block  # noqa: E402
 from infra.security import SecurityGroups  # noqa: E402
@@ -74,6 +75,11 @@ def main() -> None:
     data = DataLayer("data", cfg.data, stack=stack, protect=cfg.data_protection, opts=use_provider)
     # The data layer bills with compute off too: the budget is part of every stack.
     StackBudget("budget", cfg.cost_guard, project=project, stack=stack, opts=use_provider)
+    # Log groups AWS services write to under fixed names outlive compute (infra/logs.py).
+    service_logs = ServiceLogGroups(
+        "logs", project=project, stack=stack,
+        container_log_retention_days=cfg.cluster.container_log_retention_days,
+        protect=cfg.data_protection, opts=use_provider)
     network = Network("net", cfg.network, compute=cfg.compute, account_id=account_id, opts=use_provider)
     security = SecurityGroups("sg", vpc_id=network.vpc.id, vpc_cidr=cfg.network.cidr,
                               name_prefix=f"{project}-{stack}", opts=use_provider)
@@ -92,6 +98,7 @@ def main() -> None:
     # --- compute (infra-compute): cluster, node groups, platform, cost guard; one call + exports ---
     compute = declare_compute(
         settings, stack=stack, account_id=account_id, network=network, security=security, data=data,
+        service_logs=service_logs,
         tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours),
         deployer_principal_arn=deploying_principal(provider), opts=use_provider)
     for key, value in compute.exports().items():

@@ -166,6 +166,7 @@ class ClusterInputs:
     cluster_security_group_id: pulumi.Input[str]
     kms_key_arn: pulumi.Input[str]
     deployer_principal_arn: str  # IAM role or user running `pulumi up` (session issuer of the caller)
+    log_group: pulumi.Resource  # /aws/eks/<cluster>/cluster, from infra/logs.py
     admin_principal_arns: Sequence[str] = ()
 
 
@@ -197,14 +198,9 @@ class EksCluster(pulumi.ComponentResource):
                 lambda arn: json.dumps(iam.cluster_encryption_policy(arn))),
             opts=child,
         )
-        # Created before the cluster so EKS writes into a group with a retention (its own never expires).
-        # The name is the one EKS writes to, so a replacement must delete the old group first.
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs",
-            name=f"/aws/eks/{self.name}/cluster",
-            retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS,
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
-        )
+        # The control-plane log group is declared with the data layer (infra/logs.py): EKS writes to it
+        # after the cluster is gone, so it must outlive `down`. The cluster waits for it.
+        self.log_group = args.log_group
         public = list(args.public_access_cidrs)
         self.cluster = aws.eks.Cluster(
             f"{name}-eks",
@@ -303,18 +299,11 @@ class EksCluster(pulumi.ComponentResource):
         )
 
     def add_workload_addons(self, name: str, system_nodes: pulumi.Resource,
-                            container_log_retention_days: int) -> list[aws.eks.Addon]:
+                            container_log_groups: Sequence[pulumi.Resource]) -> list[aws.eks.Addon]:
         """CoreDNS and GPU/host telemetry (CloudWatch agent + DCGM exporter), once nodes exist."""
-        # Created before the telemetry add-on, whose Fluent Bit and agent would otherwise create them
-        # without retention and outside the stack (they would outlive `destroy`). Fixed names (the
-        # add-on writes there): a replacement deletes the old group first.
-        self.container_log_groups = [
-            aws.cloudwatch.LogGroup(
-                f"{name}-containerinsights-{kind}", name=container_insights_log_group(self.name, kind),
-                retention_in_days=container_log_retention_days,
-                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
-            for kind in CONTAINER_INSIGHTS_LOG_GROUPS
-        ]
+        # The groups Fluent Bit and the agent write to exist before the add-on starts (else they would
+        # create them without retention); they are declared with the data layer (infra/logs.py).
+        self.container_log_groups = list(container_log_groups)
         agent_role = aws.iam.Role(
             f"{name}-cloudwatch-agent",
             assume_role_policy=self.arn.apply(lambda arn: json.dumps(

@@ -30,6 +30,7 @@ from infra.catalog import load_catalog
 from infra.cluster import ClusterInputs, EksCluster
 from infra.config import Settings
 from infra.costguard import CostGuard, CostGuardInputs
+from infra.logs import ServiceLogGroups, service_log_groups
 from infra.nodegroups import NodeGroups, NodeGroupsInputs, node_group_name
 from infra.platform import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, Platform, PlatformInputs
 
@@ -61,10 +62,12 @@ def deploying_principal(provider: pulumi.ProviderResource) -> str:
 
 
 def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[str], network, security, data,
-                    tags: dict[str, str], deployer_principal_arn: str,
+                    service_logs: ServiceLogGroups, tags: dict[str, str], deployer_principal_arn: str,
                     opts: pulumi.ResourceOptions) -> Compute:
     cfg = settings.stack
     catalog = load_catalog()
+    cluster_logs = service_log_groups(stack, cfg.cluster.container_log_retention_days)
+    by_kind = {g.logical: service_logs.group(g.name) for g in cluster_logs}
     cluster = EksCluster("eks", ClusterInputs(
         stack=stack,
         region=settings.region,
@@ -77,6 +80,7 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         kms_key_arn=data.kms_key.arn,
         deployer_principal_arn=deployer_principal_arn,
         admin_principal_arns=cfg.cluster.admin_principal_arns,
+        log_group=by_kind["eks-logs"],
     ), opts=opts)
     nodes = NodeGroups("nodes", NodeGroupsInputs(
         cluster=cluster,
@@ -90,7 +94,8 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         tags=tags,
     ), opts=opts)
     workload_addons = cluster.add_workload_addons(
-        "eks", nodes.system, container_log_retention_days=cfg.cluster.container_log_retention_days)
+        "eks", nodes.system,
+        container_log_groups=[g for key, g in by_kind.items() if key.startswith("eks-containerinsights-")])
     platform = Platform("platform", PlatformInputs(
         cluster=cluster,
         datasets_bucket_arn=data.datasets_bucket.arn,
@@ -105,5 +110,6 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         gpu_node_groups=[node_group_name(cluster.name, g.name) for g in cfg.node_groups],
         node_group_resources=list(nodes.gpu.values()),
         config=cfg.cost_guard,
+        log_group=by_kind["costguard-logs"],
     ), opts=opts)
     return Compute(cluster=cluster, node_groups=nodes, platform=platform, cost_guard=guard)

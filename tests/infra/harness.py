@@ -76,6 +76,7 @@ class CapturedResource:
     providers: dict[str, str] = field(default_factory=dict)  # component `providers=` map
     # Added by infra-compute: node groups with fixed names must be replaced delete-first.
     delete_before_replace: bool = False
+    aliases: list[str] = field(default_factory=list)  # alias URNs (full-URN aliases as sent)
 
     @property
     def provider_urn(self) -> str:
@@ -386,6 +387,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             ignore_changes=list(request.ignoreChanges),
             providers=dict(request.providers),
             delete_before_replace=bool(request.deleteBeforeReplace),
+            aliases=[a.urn for a in request.aliases if a.urn] + list(request.aliasURNs),
         )
         with self._lock:
             self.captured[urn] = captured
