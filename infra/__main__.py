@@ -23,6 +23,7 @@ if _ROOT not in sys.path:
 import pulumi  # noqa: E402
 import pulumi_aws as aws  # noqa: E402
 
+from infra.alerts import StackAlerts  # noqa: E402
 from infra.budget import StackBudget  # noqa: E402
 from infra.cluster import cluster_name, endpoint_reachable, lookup_cluster_endpoint  # noqa: E402
 from infra.compute import declare_compute, deploying_principal  # noqa: E402
@@ -75,6 +76,9 @@ def main() -> None:
     data = DataLayer("data", cfg.data, stack=stack, protect=cfg.data_protection, opts=use_provider)
     # The data layer bills with compute off too: the budget is part of every stack.
     StackBudget("budget", cfg.cost_guard, project=project, stack=stack, opts=use_provider)
+    # One confirmed e-mail subscription for the stack's alerts, kept across down/up (infra/alerts.py).
+    alerts = StackAlerts("alerts", email=cfg.cost_guard.notification_email, project=project, stack=stack,
+                         protect=cfg.data_protection, opts=use_provider)
     # Log groups AWS services write to under fixed names outlive compute (infra/logs.py).
     service_logs = ServiceLogGroups(
         "logs", project=project, stack=stack,
@@ -92,13 +96,14 @@ def main() -> None:
     pulumi.export("checkpointsBucket", data.checkpoints_bucket.bucket)
     pulumi.export("ecrRepositoryUrl", data.ecr_repo.repository_url)
     pulumi.export("kmsKeyArn", data.kms_key.arn)
+    pulumi.export("alertTopicArn", alerts.topic.arn)
 
     if not cfg.compute:
         return
     # --- compute (infra-compute): cluster, node groups, platform, cost guard; one call + exports ---
     compute = declare_compute(
         settings, stack=stack, account_id=account_id, network=network, security=security, data=data,
-        service_logs=service_logs,
+        service_logs=service_logs, alert_topic=alerts.topic,
         tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours),
         deployer_principal_arn=deploying_principal(provider), opts=use_provider)
     for key, value in compute.exports().items():

@@ -62,8 +62,8 @@ def deploying_principal(provider: pulumi.ProviderResource) -> str:
 
 
 def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[str], network, security, data,
-                    service_logs: ServiceLogGroups, tags: dict[str, str], deployer_principal_arn: str,
-                    opts: pulumi.ResourceOptions) -> Compute:
+                    service_logs: ServiceLogGroups, alert_topic: aws.sns.Topic, tags: dict[str, str],
+                    deployer_principal_arn: str, opts: pulumi.ResourceOptions) -> Compute:
     cfg = settings.stack
     catalog = load_catalog()
     cluster_logs = service_log_groups(stack, cfg.cluster.container_log_retention_days)
@@ -111,5 +111,6 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         node_group_resources=list(nodes.gpu.values()),
         config=cfg.cost_guard,
         log_group=by_kind["costguard-logs"],
+        alert_topic=alert_topic,
     ), opts=opts)
     return Compute(cluster=cluster, node_groups=nodes, platform=platform, cost_guard=guard)

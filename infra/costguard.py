@@ -56,6 +56,7 @@ class CostGuardInputs:
     node_group_resources: Sequence[pulumi.Resource]
     config: CostGuardConfig
     log_group: aws.cloudwatch.LogGroup  # /aws/lambda/<function>, from infra/logs.py
+    alert_topic: aws.sns.Topic  # the stack's alert topic, from infra/alerts.py
 
 
 class CostGuard(pulumi.ComponentResource):
@@ -69,11 +70,9 @@ class CostGuard(pulumi.ComponentResource):
         # write to it after the function is gone.
         self.log_group = args.log_group
         # Alerts to the stack's address: nodes the guard cannot judge (no GPU telemetry), and the
-        # guard's own failures (the Errors alarm below).
-        self.topic = aws.sns.Topic(f"{name}-alerts", opts=child)
-        self.subscription = aws.sns.TopicSubscription(
-            f"{name}-alerts-email", topic=self.topic.arn, protocol="email",
-            endpoint=args.config.notification_email, opts=child)
+        # guard's own failures (the Errors alarm below). The topic and its confirmed e-mail
+        # subscription live with the data layer (infra/alerts.py).
+        self.topic = args.alert_topic
         self.role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=json.dumps(iam.service_trust_policy("lambda.amazonaws.com")),

@@ -424,3 +424,31 @@ def test_moved_log_groups_keep_the_urns_they_had_under_the_compute_components(co
     }
     groups = _service_log_groups(committed("prod"))
     assert {n: g.aliases for n, g in groups.items()} == {n: [urn] for n, urn in before.items()}
+
+
+# -- Alerts ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack_name", COMMITTED_STACKS)
+def test_the_alert_topic_and_its_email_subscription_outlive_down(stack_name, committed):
+    """An e-mail subscription delivers nothing until its owner confirms it (SNS Subscribe API
+    reference: "If the endpoint type is HTTP/S or email ... the endpoint owner must run the
+    ConfirmSubscription action"; read 2026-12-06). Declared with compute, every `up` after a `down`
+    made a new, unconfirmed subscription. The topic and subscription keep one URN with compute on and
+    off, and keep the URNs the program at 3777f44 gave them (aliases)."""
+    from tests.infra.harness import run_program
+
+    def alerts(result: ProgramResult) -> dict[str, CapturedResource]:
+        return {r.type: r for r in result.resources
+                if r.type in ("aws:sns/topic:Topic", "aws:sns/topicSubscription:TopicSubscription")}
+
+    up = alerts(committed(stack_name))
+    down = alerts(run_program(stack_name, overrides={"ringtrain:compute": False}))
+    assert set(up) == {"aws:sns/topic:Topic", "aws:sns/topicSubscription:TopicSubscription"}
+    assert {t: r.urn for t, r in down.items()} == {t: r.urn for t, r in up.items()}
+    sub = up["aws:sns/topicSubscription:TopicSubscription"]
+    assert sub.inputs["protocol"] == "email"
+    assert sub.inputs["endpoint"] == committed(stack_name).config["ringtrain:costGuard"]["notificationEmail"]
+    old = f"urn:pulumi:{stack_name}::ringtrain::ringtrain:compute:CostGuard$"
+    assert up["aws:sns/topic:Topic"].aliases == [old + "aws:sns/topic:Topic::costguard-alerts"]
+    assert sub.aliases == [old + "aws:sns/topicSubscription:TopicSubscription::costguard-alerts-email"]
