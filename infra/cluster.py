@@ -76,13 +76,22 @@ def container_insights_log_group(cluster: str, kind: str) -> str:
     return f"/aws/containerinsights/{cluster}/{kind}"
 
 
-def lookup_cluster_endpoint(name: str, provider: pulumi.ProviderResource) -> str | None:
-    """The API endpoint of EKS cluster `name` in the provider's region, or None if it does not exist
-    (read while the program runs, before anything is declared)."""
+@dataclass(frozen=True)
+class RunningCluster:
+    """What EKS reports for an existing cluster: its API endpoint and Kubernetes version."""
+
+    endpoint: str
+    version: str | None
+
+
+def lookup_cluster(name: str, provider: pulumi.ProviderResource) -> RunningCluster | None:
+    """EKS cluster `name` in the provider's region as it runs now, or None if it does not exist (read
+    while the program runs, before anything is declared)."""
     invoke = pulumi.InvokeOptions(provider=provider)
     if name not in aws.eks.get_clusters(opts=invoke).names:
         return None
-    return aws.eks.get_cluster(name=name, opts=invoke).endpoint
+    found = aws.eks.get_cluster(name=name, opts=invoke)
+    return RunningCluster(endpoint=found.endpoint, version=found.version or None)
 
 
 def endpoint_reachable(endpoint: str, timeout_s: float = 5.0) -> bool:

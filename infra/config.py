@@ -242,11 +242,20 @@ class CostGuardConfig(_Section):
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+# AWS account ids are 12 digits (IAM user guide, "Your AWS account ID and its alias").
+ACCOUNT_ID_HELP = ("the 12-digit id of the AWS account the stack lives in, quoted (e.g. \"111122223333\"); "
+                   "the AWS provider refuses credentials of any other account (allowedAccountIds)")
+
+
 class StackConfig(_Section):
     owner: str = Field(pattern=r"^[A-Za-z0-9_.:/=+\-@ ]+$", min_length=1, max_length=256,
                        description="a tag value: 1 to 256 letters, digits, spaces and _.:/=+-@")
     cost_center: str = Field(pattern=r"^[A-Za-z0-9_.:/=+\-@ ]+$", min_length=1, max_length=256,
                              description="a tag value: 1 to 256 letters, digits, spaces and _.:/=+-@")
+    # The AWS provider refuses to run with credentials of another account (pulumi-aws `allowedAccountIds`,
+    # terraform-provider-aws: "AWS account ID not allowed: <id>"). Without it, `up --refresh` under a
+    # wrong profile reads every resource as gone and empties the state.
+    account_id: str = Field(pattern=r"^\d{12}$", description=ACCOUNT_ID_HELP)
     ttl_hours: int = Field(default=72, ge=1, le=8760, description="an integer 1..8760")
     compute: bool = Field(default=True, description="true (cluster up) or false (compute removed, data kept)")
     data_protection: bool = Field(
@@ -558,6 +567,13 @@ def check_capacity_blocks(settings: Settings, lookup: Callable[[str], CapacityBl
                            f"{block.start_date}); jobs scale the group up once it is")
 
 
+def with_kubernetes_version(settings: Settings, version: str) -> Settings:
+    """The same settings declaring another Kubernetes version (EKS upgraded the cluster past the
+    committed one: infra/versions.py effective_version)."""
+    cluster = settings.stack.cluster.model_copy(update={"kubernetes_version": version})
+    return settings.model_copy(update={"stack": settings.stack.model_copy(update={"cluster": cluster})})
+
+
 def check_private_endpoint(settings: Settings, cluster: str, endpoint: str | None,
                            reachable: Callable[[str], bool]) -> None:
     """With `cluster.publicAccessCidrs: []` the API endpoint answers inside the VPC only, and this run
@@ -597,7 +613,7 @@ def _decode(value: Any) -> Any:
 
 
 # Top-level keys whose values are plain strings even when they look like JSON ("123", "true").
-_STRING_KEYS = {"owner", "costCenter"}
+_STRING_KEYS = {"owner", "costCenter", "accountId"}
 
 
 def raw_namespace(config: dict[str, Any]) -> dict[str, Any]:

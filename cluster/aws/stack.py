@@ -10,6 +10,11 @@ by `ringtrain:dataProtection`. So:
                   protect flags in the state), empty the buckets (every version) and the image
                   repository (the program never force-destroys them), then pulumi destroy
 
+`compute` and `dataProtection` are run-time settings of one command: they go to Pulumi through a
+temporary copy of Pulumi.<stack>.yaml (`--config-file`), so the committed file is never rewritten
+(before, every `down` left `ringtrain:compute: false` in it, a diff in the repository). Before Pulumi
+starts, the caller's account must be the stack's `ringtrain:accountId`.
+
 The lifecycle logic talks to a small seam (`StackOps`); `AutomationStack` is the real implementation
 over `pulumi.automation.LocalWorkspace` in the repository's project (Pulumi.yaml at the root).
 """
@@ -19,7 +24,9 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +37,7 @@ from cluster.backend import BackendError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPUTE_KEY = "ringtrain:compute"
 DATA_PROTECTION_KEY = "ringtrain:dataProtection"
+ACCOUNT_ID_KEY = "ringtrain:accountId"
 CLI_INSTALL_HINT = ("install it from https://www.pulumi.com/docs/iac/download-install/ "
                     "and log in (`pulumi login`)")
 
@@ -46,6 +54,38 @@ def require_pulumi_cli() -> str:
     return path
 
 
+def stack_account_id(stack: str, work_dir: Path = REPO_ROOT) -> str | None:
+    """`ringtrain:accountId` of the committed Pulumi.<stack>.yaml (None when absent)."""
+    path = Path(work_dir) / f"Pulumi.{stack}.yaml"
+    doc = yaml.safe_load(path.read_text()) if path.exists() else None
+    value = ((doc or {}).get("config") or {}).get(ACCOUNT_ID_KEY)
+    return None if value is None else str(value)
+
+
+def check_caller_account(stack: str, expected: str | None, caller_account: str) -> None:
+    """Refuse credentials of another account than the stack's (pure; the provider's allowedAccountIds
+    refuses them too, but only after Pulumi started, with the provider's words)."""
+    if expected is None:
+        raise StackError(f"Pulumi.{stack}.yaml has no {ACCOUNT_ID_KEY}: set it to the 12-digit id of the "
+                         "AWS account the stack lives in (quoted)")
+    if caller_account != expected:
+        raise StackError(f"stack {stack!r} lives in AWS account {expected} ({ACCOUNT_ID_KEY} in "
+                         f"Pulumi.{stack}.yaml), but these credentials are of account {caller_account}: "
+                         "switch AWS_PROFILE to that account, or correct the stack file")
+
+
+def require_stack_account(stack: str, work_dir: Path = REPO_ROOT) -> None:
+    """The STS caller identity's account against the stack's `ringtrain:accountId`."""
+    import boto3
+
+    try:
+        account = boto3.client("sts").get_caller_identity()["Account"]
+    except Exception as exc:  # botocore's error text (expired token, no network) is the reason
+        raise StackError(
+            f"could not read the caller's AWS account (sts get-caller-identity): {exc}") from None
+    check_caller_account(stack, stack_account_id(stack, work_dir), account)
+
+
 def require_aws_credentials() -> None:
     """Fail early, before Pulumi starts, when boto3's default chain finds no credentials."""
     import boto3
@@ -57,7 +97,8 @@ def require_aws_credentials() -> None:
 
 
 class StackOps(Protocol):
-    """What the lifecycle logic needs from a stack."""
+    """What the lifecycle logic needs from a stack. `set_config` sets a run-time value for the next
+    up/destroy of this object; it never writes Pulumi.<stack>.yaml."""
 
     name: str
 
@@ -80,6 +121,8 @@ class AutomationStack:
         self._auto = auto
         self.name = stack
         self._on_output = on_output
+        self._work_dir = Path(work_dir)
+        self._run_config: dict[str, str] = {}
         if not (Path(work_dir) / "Pulumi.yaml").exists():
             raise StackError(f"{work_dir} has no Pulumi.yaml: run from the repository")
         try:
@@ -92,9 +135,11 @@ class AutomationStack:
             raise StackError(f"pulumi could not select stack {stack!r}: {_command_message(exc)}") from None
 
     def set_config(self, key: str, value: str) -> None:
-        self._stack.set_config(key, self._auto.ConfigValue(value=value))
+        self._run_config[key] = value
 
     def get_config(self, key: str) -> str | None:
+        if key in self._run_config:
+            return self._run_config[key]
         try:
             return self._stack.get_config(key).value
         except self._auto.CommandError:
@@ -105,14 +150,18 @@ class AutomationStack:
         # is ignore_changes (infra/nodegroups.py), so an update of its min/max sends the desired size
         # last recorded in the state; after job submission or the cost guard resized the group, that
         # stale value would resize a running group. Refresh reads the live size first.
+        require_stack_account(self.name, self._work_dir)
         try:
-            self._stack.up(on_output=self._on_output, refresh=True)
+            with run_config_file(self._work_dir, self.name, self._run_config) as config_file:
+                self._stack.up(on_output=self._on_output, refresh=True, config_file=config_file)
         except self._auto.CommandError as exc:
             raise StackError(f"pulumi up of stack {self.name!r} failed: {_command_message(exc)}") from None
 
     def destroy(self) -> None:
+        require_stack_account(self.name, self._work_dir)
         try:
-            self._stack.destroy(on_output=self._on_output)
+            with run_config_file(self._work_dir, self.name, self._run_config) as config_file:
+                self._stack.destroy(on_output=self._on_output, config_file=config_file)
         except self._auto.CommandError as exc:
             raise StackError(
                 f"pulumi destroy of stack {self.name!r} failed: {_command_message(exc)}") from None
@@ -126,6 +175,24 @@ class AutomationStack:
             return None
         return {"kind": info.kind, "result": info.result, "start": str(info.start_time),
                 "end": str(info.end_time), "resourceChanges": dict(info.resource_changes or {})}
+
+
+def run_config_document(stack_settings: Mapping[str, Any], run_config: Mapping[str, str]) -> dict[str, Any]:
+    """Pulumi.<stack>.yaml's settings (secrets provider and salt included) with the run's values on top."""
+    doc = dict(stack_settings)
+    doc["config"] = {**(doc.get("config") or {}), **run_config}
+    return doc
+
+
+@contextmanager
+def run_config_file(work_dir: Path, stack: str, run_config: Mapping[str, str]):
+    """A temporary copy of Pulumi.<stack>.yaml with the run's values, for `--config-file`; removed after."""
+    path = Path(work_dir) / f"Pulumi.{stack}.yaml"
+    settings = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    with tempfile.TemporaryDirectory(prefix="ringtrain-run-config-") as tmp:
+        out = Path(tmp) / f"Pulumi.{stack}.yaml"
+        out.write_text(yaml.safe_dump(run_config_document(settings, run_config), sort_keys=False))
+        yield str(out)
 
 
 def _command_message(exc: Exception) -> str:
@@ -205,7 +272,8 @@ def stack_status(ops: StackOps) -> dict[str, Any]:
     public = {k: ("[secret]" if k == "kubeconfig" else v) for k, v in sorted(outputs.items())}
     return {
         "stack": ops.name,
-        "compute": ops.get_config(COMPUTE_KEY),
+        # What is deployed, not a setting: compute is a run-time value of up/down (module docstring).
+        "compute": "true" if outputs.get("clusterName") else "false",
         "dataProtection": ops.get_config(DATA_PROTECTION_KEY),
         "lastUpdate": ops.last_update(),
         "outputs": public,

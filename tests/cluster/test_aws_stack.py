@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import stat
+from pathlib import Path
 
 import pytest
 import yaml
@@ -149,6 +150,9 @@ class _ApiStack:
     def __init__(self):
         self.cli_args: list[list[str]] = []
 
+    def outputs(self):
+        return {}
+
     def up(self, **kwargs):
         import inspect
 
@@ -159,18 +163,79 @@ class _ApiStack:
         self.cli_args.append(_parse_extra_args(**kwargs))
 
 
-def test_every_up_refreshes_the_state_first():
-    """`pulumi up --refresh`: ignore_changes on a GPU group's desired size keeps the size last written
-    to the state; without a refresh, a min/max change would send that stale size to a resized group."""
+def _api_backed_stack(tmp_path, account="123456789012"):
+    """A real AutomationStack over the _ApiStack stand-in, its stack file a copy of Pulumi.dev.yaml in
+    tmp_path whose accountId is moto's account."""
     from pulumi import automation as auto
 
-    ops = AutomationStack.__new__(AutomationStack)  # no CLI here: only up() is exercised
+    doc = yaml.safe_load((stack_mod.REPO_ROOT / "Pulumi.dev.yaml").read_text())
+    doc["config"]["ringtrain:accountId"] = account
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    ops = AutomationStack.__new__(AutomationStack)  # no CLI here: only up() and destroy() are exercised
     ops._auto, ops.name, ops._on_output, ops._stack = auto, "dev", print, _ApiStack()
-    stack_up_ops = RecordingStack(outputs={})
-    stack_up_ops.up = ops.up  # the lifecycle's up goes through the real AutomationStack.up
-    stack_up(stack_up_ops)
-    stack_down(stack_up_ops)
-    assert ops._stack.cli_args == [["--refresh"], ["--refresh"]]
+    ops._work_dir, ops._run_config = tmp_path, {}
+    return ops
+
+
+@pytest.fixture
+def moto_sts(monkeypatch):
+    """STS answered in-process by moto (account 123456789012); no real AWS reachable."""
+    moto = pytest.importorskip("moto")
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    with moto.mock_aws():
+        yield
+
+
+def test_every_up_refreshes_the_state_first(tmp_path, moto_sts):
+    """`pulumi up --refresh`: ignore_changes on a GPU group's desired size keeps the size last written
+    to the state; without a refresh, a min/max change would send that stale size to a resized group."""
+    ops = _api_backed_stack(tmp_path)
+    stack_up(ops)
+    stack_down(ops)
+    assert [args[0] for args in ops._stack.cli_args] == ["--refresh", "--refresh"]
+
+
+def test_up_and_down_pass_compute_for_the_run_and_never_rewrite_the_stack_file(tmp_path, moto_sts):
+    """Before, set_config wrote `ringtrain:compute` into the committed Pulumi.<stack>.yaml on every up and
+    down. Now the run's values reach Pulumi through a temporary copy (`--config-file`)."""
+    ops = _api_backed_stack(tmp_path)
+    committed = (tmp_path / "Pulumi.dev.yaml").read_text()
+    seen = []
+    real_up = ops._stack.up
+
+    def up(**kwargs):
+        seen.append(yaml.safe_load(Path(kwargs["config_file"]).read_text()))
+        real_up(**kwargs)
+
+    ops._stack.up = up
+    stack_up(ops)
+    stack_down(ops)
+    assert (tmp_path / "Pulumi.dev.yaml").read_text() == committed
+    assert [doc["config"]["ringtrain:compute"] for doc in seen] == ["true", "false"]
+    for doc in seen:  # the rest of the stack's settings travels unchanged
+        assert {k: v for k, v in doc["config"].items() if k != "ringtrain:compute"} == \
+            yaml.safe_load(committed)["config"]
+    assert all(args[1] == "--config-file" for args in ops._stack.cli_args)
+    assert not any(os.path.exists(args[2]) for args in ops._stack.cli_args)  # the copies are gone
+
+
+def test_up_refuses_credentials_of_another_account_before_pulumi_starts(tmp_path, moto_sts):
+    ops = _api_backed_stack(tmp_path, account="111122223333")
+    refused = (r"stack 'dev' lives in AWS account 111122223333 \(ringtrain:accountId in Pulumi.dev.yaml\), "
+               r"but these credentials are of account 123456789012")
+    with pytest.raises(StackError, match=refused):
+        stack_up(ops)
+    with pytest.raises(StackError, match="lives in AWS account 111122223333"):
+        ops.destroy()
+    assert ops._stack.cli_args == []  # Pulumi never ran
+
+
+def test_a_stack_file_without_account_id_is_refused():
+    with pytest.raises(StackError, match="Pulumi.x.yaml has no ringtrain:accountId: set it to the 12-digit"):
+        stack_mod.check_caller_account("x", None, "123456789012")
+    stack_mod.check_caller_account("x", "123456789012", "123456789012")
 
 
 def test_real_stack_selection_with_the_cli(tmp_path):

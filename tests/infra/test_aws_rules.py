@@ -452,3 +452,27 @@ def test_the_alert_topic_and_its_email_subscription_outlive_down(stack_name, com
     old = f"urn:pulumi:{stack_name}::ringtrain::ringtrain:compute:CostGuard$"
     assert up["aws:sns/topic:Topic"].aliases == [old + "aws:sns/topic:Topic::costguard-alerts"]
     assert sub.aliases == [old + "aws:sns/topicSubscription:TopicSubscription::costguard-alerts-email"]
+
+
+# -- The state matches reality ---------------------------------------------------------------------
+
+
+def test_every_aws_provider_refuses_credentials_of_another_account(stack):
+    """pulumi-aws `allowedAccountIds` (terraform-provider-aws refuses at configure: "AWS account ID not
+    allowed: <id>"). Refresh configures providers from their inputs in the state, so without it a
+    wrong AWS_PROFILE makes `up --refresh` read every resource as deleted and drop it from the state."""
+    account = stack.config["ringtrain:accountId"]
+    assert isinstance(account, str) and len(account) == 12 and account.isdigit()
+    providers = stack.of_type("pulumi:providers:aws")
+    assert providers
+    for provider in providers:
+        assert json.loads(provider.inputs["allowedAccountIds"]) == [account], provider.name
+
+
+def test_no_committed_stack_file_carries_a_run_time_switch():
+    """`ringtrain:compute` is what `up`/`down` set for one run (cluster/aws/stack.py run_config_file);
+    a committed value would be rewritten by every `down` and differ between operators' checkouts."""
+    from tests.infra.harness import stack_config
+
+    for name in COMMITTED_STACKS:
+        assert "ringtrain:compute" not in stack_config(name), name
