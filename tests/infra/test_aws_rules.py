@@ -71,6 +71,20 @@ def test_no_security_group_name_starts_with_sg_dash(stack):
 # -- Kubernetes provider ---------------------------------------------------------------------------
 
 
+def test_no_stack_uses_kubernetes_strict_mode_with_a_kubeconfig_unknown_at_preview(stack):
+    """pulumi-kubernetes CheckConfig under strict mode: `if v := news["kubeconfig"]; !v.HasValue() ||
+    v.StringValue() == ""` (pulumi/pulumi-kubernetes provider/pkg/provider/provider.go). HasValue() is
+    `!v.IsNull() && !v.IsOutput()` (pulumi/pulumi sdk/go/common/resource/properties.go), true for a
+    Computed value, and StringValue() is `v.V.(string)`, which panics on one (both read 2026-12-06).
+    A kubeconfig built from a resource of the same stack is Computed at its first preview."""
+    strict = str(stack.config.get("kubernetes:strictMode", "false")).lower() == "true"
+    for provider in stack.of_type(K8S_PROVIDER):
+        unknown_at_first_preview = bool(provider.dependencies)  # its inputs come from the stack's resources
+        assert not (strict and unknown_at_first_preview), provider.name
+    # ... and default providers stay off, so no Kubernetes resource can fall back to ~/.kube/config.
+    assert "kubernetes" in stack.config.get("pulumi:disable-default-providers", [])
+
+
 def test_every_kubernetes_provider_names_a_context_of_its_kubeconfig_under_strict_mode(stack):
     """pulumi-kubernetes CheckConfig: with `kubernetes:strictMode` true, every provider, explicit
     ones too, needs `kubeconfig` AND `context` (pulumi/pulumi-kubernetes provider/pkg/provider/
