@@ -401,6 +401,17 @@ def check_network(net: NetworkConfig, region: str) -> None:
                        "a CIDR outside 172.17.0.0/16 (the Docker bridge range)")
 
 
+# The public endpoint sees a caller's public (post-NAT) source address, so a private range (RFC 1918:
+# 10/8, 172.16/12, 192.168/16) never matches anyone, and the documentation ranges (RFC 5737:
+# 192.0.2/24, 198.51.100/24, 203.0.113/24, "SHOULD NOT be used on the public Internet") are examples
+# that were never replaced. Python's ipaddress marks both, and the other IANA special-purpose ranges,
+# as not global.
+PUBLIC_CIDR_HELP = ("your public egress CIDR, e.g. the /32 of the address https://checkip.amazonaws.com "
+                    "shows; not a private (RFC 1918: 10/8, 172.16/12, 192.168/16), documentation (RFC 5737: "
+                    "192.0.2/24, 198.51.100/24, 203.0.113/24) or other reserved range, which no caller of "
+                    "the public endpoint comes from; [] keeps the endpoint private")
+
+
 def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
     """cluster: distinct, specific public endpoint CIDRs; a CPU system node type with sane counts."""
     seen_public: list[tuple[int, ipaddress.IPv4Network]] = []
@@ -412,6 +423,8 @@ def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
             raise _problem(key, raw, str(exc)) from None
         if net_i.prefixlen == 0:
             raise _problem(key, raw, "a specific CIDR (never 0.0.0.0/0; [] keeps the endpoint private)")
+        if not net_i.is_global:
+            raise _problem(key, raw, PUBLIC_CIDR_HELP)
         for j, other in seen_public:
             if net_i.overlaps(other):
                 raise _problem(key, raw,

@@ -383,10 +383,12 @@ def test_a_private_endpoint_this_run_cannot_reach_stops_it_before_declaring_anyt
 
 
 def test_a_reachable_private_endpoint_and_a_public_one_pass():
-    from tests.infra.harness import run_program
+    from tests.infra.harness import run_program, stack_config
 
     assert run_program("dev").of_type("aws:eks/cluster:Cluster")  # private, answers (offline default)
-    prod = run_program("prod", endpoint_reachable=False)  # public from its CIDRs: no probe needed
+    public = {**stack_config("prod")["ringtrain:cluster"], "publicAccessCidrs": ["52.94.0.0/22"]}
+    prod = run_program("prod", endpoint_reachable=False,  # public from its CIDRs: no probe needed
+                       overrides={"ringtrain:cluster": public})
     assert prod.of_type("aws:eks/cluster:Cluster")
 
 
