@@ -33,6 +33,7 @@ from infra.config import (  # noqa: E402
     ConfigError,
     capacity_block_groups,
     check_capacity_blocks,
+    check_deployer_is_admin,
     check_private_endpoint,
     load_stack_config,
     with_kubernetes_version,
@@ -85,6 +86,10 @@ def main() -> None:
             pulumi.log.warn(upgraded)
             settings = with_kubernetes_version(settings, version)
             cfg = settings.stack
+        try:
+            check_deployer_is_admin(settings, deploying_principal(provider))
+        except ConfigError as exc:
+            raise pulumi.RunError(str(exc)) from None
         notice = support_notice(version, cfg.cluster.support_type, date.today())
         if notice:
             pulumi.log.warn(notice)
@@ -121,8 +126,7 @@ def main() -> None:
     compute = declare_compute(
         settings, stack=stack, account_id=account_id, network=network, security=security, data=data,
         service_logs=service_logs, alert_topic=alerts.topic,
-        tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours),
-        deployer_principal_arn=deploying_principal(provider), opts=use_provider)
+        tags=default_tags(project, stack, cfg.owner, cfg.cost_center, cfg.ttl_hours), opts=use_provider)
     for key, value in compute.exports().items():
         pulumi.export(key, value)
 

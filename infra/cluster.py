@@ -1,10 +1,11 @@
 """The EKS control plane: cluster, its IAM role, log group and managed add-ons; the kubeconfig.
 
-- Authentication mode API with access entries (no aws-auth ConfigMap, docs/field-notes.md §7). Every admin,
-  the identity running `pulumi up` included (what the Kubernetes provider in infra/platform.py
-  authenticates as), gets ONE access entry the stack declares: EKS's own bootstrap entry for the
+- Authentication mode API with access entries (no aws-auth ConfigMap, docs/field-notes.md §7). Every
+  principal in `cluster.adminPrincipalArns` gets ONE access entry the stack declares, and only they:
+  the identity running `pulumi up` (what the Kubernetes provider in infra/platform.py authenticates as)
+  must be listed, so the entries do not depend on who runs `up`. EKS's own bootstrap entry for the
   creator is off, because CreateAccessEntry for a principal that already has one fails
-  (ResourceInUseException), so a creator also listed in `adminPrincipalArns` broke `up`.
+  (ResourceInUseException).
 - Secrets envelope-encrypted with the data layer's KMS key; all five control-plane log types on.
 - Endpoint private; public only from `cluster.publicAccessCidrs` (empty list: public endpoint off,
   so `pulumi up` must then run from inside the VPC).
@@ -104,16 +105,6 @@ def endpoint_reachable(endpoint: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def admin_principals(deployer: str, listed: Sequence[str]) -> list[str]:
-    """The principals that get a cluster-admin access entry: the deployer, then the listed admins,
-    each once (EKS keeps one access entry per principal and cluster)."""
-    out: list[str] = []
-    for arn in (deployer, *listed):
-        if arn not in out:
-            out.append(arn)
-    return out
-
-
 def access_entry_key(principal_arn: str) -> str:
     """A stable resource-name fragment of an IAM principal ARN: <account>-<role|user>-<path/name>."""
     _, _, _, _, account, resource = principal_arn.split(":", 5)
@@ -174,7 +165,6 @@ class ClusterInputs:
     subnet_ids: pulumi.Input[Sequence[str]]
     cluster_security_group_id: pulumi.Input[str]
     kms_key_arn: pulumi.Input[str]
-    deployer_principal_arn: str  # IAM role or user running `pulumi up` (session issuer of the caller)
     log_group: pulumi.Resource  # /aws/eks/<cluster>/cluster, from infra/logs.py
     admin_principal_arns: Sequence[str] = ()
 
@@ -252,10 +242,11 @@ class EksCluster(pulumi.ComponentResource):
                               self.cluster.certificate_authority.data).apply(
                 lambda v: render_kubeconfig(v[0], v[1], v[2], args.region))
         )
-        # Administrators, the deployer first: access entries (API authentication mode), one each.
+        # Administrators: access entries (API authentication mode), one per listed principal; the
+        # deployer is one of them (infra/config.py check_deployer_is_admin).
         self.admin_entries: list[aws.eks.AccessEntry] = []
         self.admin_policies: list[aws.eks.AccessPolicyAssociation] = []
-        for principal in admin_principals(args.deployer_principal_arn, args.admin_principal_arns):
+        for principal in args.admin_principal_arns:
             key = access_entry_key(principal)
             entry = aws.eks.AccessEntry(
                 f"{name}-admin-{key}", cluster_name=self.cluster.name, principal_arn=principal,

@@ -63,7 +63,7 @@ def deploying_principal(provider: pulumi.ProviderResource) -> str:
 
 def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[str], network, security, data,
                     service_logs: ServiceLogGroups, alert_topic: aws.sns.Topic, tags: dict[str, str],
-                    deployer_principal_arn: str, opts: pulumi.ResourceOptions) -> Compute:
+                    opts: pulumi.ResourceOptions) -> Compute:
     cfg = settings.stack
     catalog = load_catalog()
     cluster_logs = service_log_groups(stack, cfg.cluster.container_log_retention_days)
@@ -78,7 +78,6 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         subnet_ids=network.private_subnet_ids,
         cluster_security_group_id=security.cluster_sg.id,
         kms_key_arn=data.kms_key.arn,
-        deployer_principal_arn=deployer_principal_arn,
         admin_principal_arns=cfg.cluster.admin_principal_arns,
         log_group=by_kind["eks-logs"],
     ), opts=opts)

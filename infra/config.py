@@ -182,11 +182,13 @@ class ClusterConfig(_Section):
     # these groups with this retention so they expire and go with the cluster.
     container_log_retention_days: int = Field(
         default=30, description="days to keep container, node and performance logs: " + _RETENTION_HELP)
-    # infra-compute: extra cluster admins as EKS access entries (the deploying identity is one already).
+    # The cluster's administrators as EKS access entries: everyone who runs `up` or `submit`. Only these
+    # get entries, so the state is the same whoever runs `up` (before, the caller got an entry of its
+    # own, and the next operator's `up` deleted it).
     admin_principal_arns: list[str] = Field(
         default_factory=list, max_length=20,
-        description="IAM role or user ARNs (arn:aws:iam::<account>:role/<name> or :user/<name>) that get "
-                    "cluster-admin access entries; [] = only the identity that runs pulumi up")
+        description="IAM role or user ARNs (arn:aws:iam::<account>:role/<name> or :user/<name>) of "
+                    "ringtrain:accountId that get cluster-admin access entries: everyone who runs `up`")
 
     @field_validator("admin_principal_arns")
     @classmethod
@@ -374,6 +376,7 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
     """Rules that span fields or need the catalog, one section at a time. Raises the first ConfigError."""
     check_network(cfg.network, region)
     check_cluster(cfg.cluster, catalog)
+    check_admins(cfg)
     check_node_groups(cfg.node_groups, cfg.compute, catalog)
 
 
@@ -437,6 +440,33 @@ def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
         raise _problem("cluster.systemNodes.instanceType", system.instance_type,
                        f"a CPU instance type from infra/catalog.yaml: {', '.join(catalog.cpu_types())}")
     _check_counts("cluster.systemNodes", system, min_floor=1)
+
+
+ADMINS_KEY = "cluster.adminPrincipalArns"
+
+
+def check_admins(cfg: StackConfig) -> None:
+    """cluster.adminPrincipalArns: at least one while compute is on, each of the stack's account."""
+    admins = cfg.cluster.admin_principal_arns
+    if cfg.compute and not admins:
+        raise _problem(ADMINS_KEY, [], "at least one IAM role or user ARN: everyone who runs `up` (the "
+                                       "Kubernetes provider authenticates as the caller)")
+    for i, arn in enumerate(admins):
+        if arn.split(":")[4] != cfg.account_id:
+            raise _problem(f"{ADMINS_KEY}[{i}]", arn,
+                           f"a principal of ringtrain:accountId {cfg.account_id}")
+
+
+def check_deployer_is_admin(settings: Settings, deployer: str) -> None:
+    """The principal running `up` (an assumed role's issuer role, or the IAM user) must be listed: the
+    Kubernetes provider authenticates as it, and only listed principals get access entries."""
+    cfg = settings.stack
+    if not cfg.compute or deployer in cfg.cluster.admin_principal_arns:
+        return
+    raise _problem(ADMINS_KEY, list(cfg.cluster.admin_principal_arns),
+                   f"a list that includes {deployer}, the principal running this `up`, which installs "
+                   "the Kubernetes platform as itself: add it to Pulumi.<stack>.yaml and commit, or run "
+                   "`up` as one of the listed principals")
 
 
 def check_node_groups(node_groups: Sequence[NodeGroupConfig], compute: bool, catalog: Catalog) -> None:

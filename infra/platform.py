@@ -112,8 +112,14 @@ class Platform(pulumi.ComponentResource):
             # is gone").
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # deleted_with: these objects live inside the cluster and go with it, so a `down` that deletes
+        # the cluster makes no Kubernetes API call for them (pulumi/pulumi#11095: "Avoiding failed
+        # deletions when the pulumi user running the plan has access to the container resource but
+        # not the contained ones"; children inherit it, pulumi/pulumi#12572; read 2026-12-06). So a
+        # second operator without an access entry, or a run outside the VPC of a private endpoint,
+        # can still `down`.
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self.provider,
-                                          depends_on=list(args.depends_on))
+                                          depends_on=list(args.depends_on), deleted_with=cluster.cluster)
 
         # -- training identity ------------------------------------------------------------------
         self.namespace = k8s.core.v1.Namespace(

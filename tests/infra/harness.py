@@ -77,6 +77,7 @@ class CapturedResource:
     # Added by infra-compute: node groups with fixed names must be replaced delete-first.
     delete_before_replace: bool = False
     aliases: list[str] = field(default_factory=list)  # alias URNs (full-URN aliases as sent)
+    deleted_with: str = ""  # URN of the resource whose deletion makes this one's delete call unneeded
 
     @property
     def provider_urn(self) -> str:
@@ -242,6 +243,28 @@ def capacity_blocks_as_configured(config: Mapping[str, Any]) -> Callable[[dict, 
     return answer
 
 
+CALLER_INVOKE = "aws:index/getCallerIdentity:getCallerIdentity"
+
+
+def caller_as_first_admin(config: Mapping[str, Any]) -> Callable[[dict, str], dict]:
+    """Offline caller identity: the config's first cluster admin (a session of it, for a role), so that
+    a committed stack runs as one of its listed operators. A config without admins keeps the default."""
+    raw = config.get("ringtrain:cluster")
+    cluster = json.loads(raw) if isinstance(raw, str) else (raw or {})
+    admins = cluster.get("adminPrincipalArns") or []
+    if not admins or not str(admins[0]).startswith("arn:") or str(admins[0]).count(":") < 5:
+        return _get_caller_identity  # no (valid) admin: config validation stops the run anyway
+    first = admins[0]
+    account = first.split(":")[4]
+    kind, _, name = first.split(":", 5)[5].partition("/")
+    arn = (f"arn:aws:sts::{account}:assumed-role/{name.rsplit('/', 1)[-1]}/offline-test" if kind == "role"
+           else first)
+
+    def answer(args: dict, region: str) -> dict:
+        return {"accountId": account, "arn": arn, "userId": "AROAOFFLINE", "id": account}
+    return answer
+
+
 EKS_CLUSTERS_INVOKE = "aws:eks/getClusters:getClusters"
 EKS_CLUSTER_INVOKE = "aws:eks/getCluster:getCluster"
 
@@ -388,6 +411,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             providers=dict(request.providers),
             delete_before_replace=bool(request.deleteBeforeReplace),
             aliases=[a.urn for a in request.aliases if a.urn] + list(request.aliasURNs),
+            deleted_with=request.deletedWith,
         )
         with self._lock:
             self.captured[urn] = captured
@@ -450,7 +474,8 @@ def run_program(
     region = str(cfg.get("aws:region", "us-east-1"))
 
     with _RUN_LOCK:
-        answers = {**INVOKES, CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg),
+        answers = {**INVOKES, CALLER_INVOKE: caller_as_first_admin(cfg),
+                   CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg),
                    **clusters_existing(stack), **(invokes or {})}
         mocks = _RecordingMocks(region, answers)
         monitor = _RecordingMonitor(mocks)
