@@ -37,11 +37,15 @@ CONTROL_PLANE_LOG_RETENTION_DAYS = 30
 # "latest version of the Amazon EKS add-on type for each Kubernetes version":
 #   kube-proxy: managing-kube-proxy (1.36 v1.36.0-eksbuild.14, 1.35 v1.35.3-eksbuild.13)
 #   coredns:    managing-coredns    (1.36 and 1.35 v1.14.3-eksbuild.3)
-# None: no source this project could reach lists a version of that add-on for that Kubernetes
-# version, so none is guessed: the add-on is created without addonVersion, EKS installs its default
-# version for the cluster's Kubernetes version (DescribeAddonVersions `defaultVersion`), and later
-# runs keep it (the provider reads the installed version back; no diff). Pin it here once
-# `aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name>` or the guide lists it.
+# None: no source this project could reach (EKS user guide managing-vpc-cni and pod-id-agent pages,
+# the CloudWatch add-on's docs and release notes; searched 2026-12-06) lists a version of that add-on
+# for that Kubernetes version, so none is guessed. `up` resolves it instead with getAddonVersion (EKS
+# DescribeAddonVersions: the default version for the cluster's Kubernetes version), prints it, and
+# declares it (resolve_addon_version below); pin it here once a source lists it.
+# amazon-cloudwatch-observability: from v6.0.1-eksbuild.1 the add-on also enables Container Insights
+# with OpenTelemetry metrics (CloudWatch user guide, install-CloudWatch-Observability-EKS-addon); the
+# cost guard reads the classic `node_gpu_utilization` series, so `up` warns when it resolves a
+# version from there on (addon_version_warning).
 ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
     "1.35": {
         "vpc-cni": None,
@@ -58,6 +62,30 @@ ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
         "amazon-cloudwatch-observability": None,
     },
 }
+RESOLVED_AT_UP = "resolved at `up` with getAddonVersion (EKS default for the Kubernetes version)"
+# The CloudWatch add-on version from which OTel Container Insights is on (see above).
+CLOUDWATCH_OTEL_FROM = (6, 0, 1)
+
+
+def addon_version_source(kubernetes_version: str, addon: str) -> str:
+    """Where the version of `addon` for `kubernetes_version` comes from: a pin, or resolution at `up`."""
+    pinned = addon_versions(kubernetes_version)[addon]
+    return f"pinned {pinned}" if pinned else RESOLVED_AT_UP
+
+
+def addon_version_warning(addon: str, version: str) -> str | None:
+    """A warning for a resolved version the stack was not checked against, or None."""
+    if addon != "amazon-cloudwatch-observability":
+        return None
+    numbers = re.match(r"v(\d+)\.(\d+)\.(\d+)", version)
+    if numbers and tuple(int(n) for n in numbers.groups()) >= CLOUDWATCH_OTEL_FROM:
+        return (f"amazon-cloudwatch-observability {version} also enables Container Insights with "
+                "OpenTelemetry metrics (v6.0.1 and later): check that the cost guard still finds "
+                "node_gpu_utilization (infra/scale_to_zero.py), and pin the version in infra/cluster.py "
+                "ADDON_VERSIONS")
+    return None
+
+
 # Add-ons every node needs before it can become Ready (networking, service routing, pod credentials):
 # installed before any node group, removed after every node group.
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
@@ -177,6 +205,7 @@ class EksCluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.name = cluster_name(args.stack)
         self.region = args.region
+        self.kubernetes_version = args.kubernetes_version
         self.versions = addon_versions(args.kubernetes_version)
 
         self.role = aws.iam.Role(
@@ -285,13 +314,30 @@ class EksCluster(pulumi.ComponentResource):
 
         self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.endpoint})
 
+    def _addon_version(self, addon: str) -> pulumi.Input[str]:
+        """The pinned version, or the one `up` resolves and prints (see ADDON_VERSIONS)."""
+        pinned = self.versions[addon]
+        if pinned:
+            return pinned
+        resolved = aws.eks.get_addon_version_output(
+            addon_name=addon, kubernetes_version=self.kubernetes_version, most_recent=False,
+            opts=pulumi.InvokeOutputOptions(parent=self))
+
+        def report(version: str) -> str:
+            pulumi.log.info(f"add-on {addon}: {version} ({RESOLVED_AT_UP}; no source pins it)")
+            warning = addon_version_warning(addon, version)
+            if warning:
+                pulumi.log.warn(warning)
+            return version
+        return resolved.version.apply(report)
+
     def _addon(self, name: str, addon: str, depends_on: Sequence[pulumi.Resource] = (),
                **extra) -> aws.eks.Addon:
         return aws.eks.Addon(
             f"{name}-{addon}",
             cluster_name=self.cluster.name,
             addon_name=addon,
-            addon_version=self.versions[addon],
+            addon_version=self._addon_version(addon),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),

@@ -203,6 +203,13 @@ def _get_ami(args: dict, region: str) -> dict:
             "architecture": "x86_64", "rootDeviceName": "/dev/xvda"}
 
 
+def _get_addon_version(args: dict, region: str) -> dict:
+    """EKS DescribeAddonVersions' default for an add-on and Kubernetes version (offline: a marker)."""
+    version = f"v0.0.0-offline-default-{args['addonName']}-{args['kubernetesVersion']}"
+    return {"addonName": args["addonName"], "kubernetesVersion": args["kubernetesVersion"],
+            "version": version, "id": args["addonName"]}
+
+
 # token -> (args, region) -> result. Extend (additively) when the program starts calling more.
 INVOKES: dict[str, Callable[[dict, str], dict]] = {
     "aws:index/getAvailabilityZones:getAvailabilityZones": _get_availability_zones,
@@ -212,6 +219,7 @@ INVOKES: dict[str, Callable[[dict, str], dict]] = {
     "aws:index/getPartition:getPartition": _get_partition,
     "aws:ssm/getParameter:getParameter": _get_ssm_parameter,
     "aws:ec2/getAmi:getAmi": _get_ami,
+    "aws:eks/getAddonVersion:getAddonVersion": _get_addon_version,
 }
 
 

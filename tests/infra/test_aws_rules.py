@@ -189,7 +189,9 @@ def test_every_cluster_runs_a_standard_support_version_with_standard_upgrade_pol
         addons = {a.inputs["addonName"]: a.inputs.get("addonVersion")
                   for a in stack.of_type("aws:eks/addon:Addon")
                   if a.inputs["clusterName"] == eks.inputs["name"]}
-        assert addons == ADDON_VERSIONS[version]
+        # Pinned, or resolved at `up` (the harness answers getAddonVersion with a marker).
+        assert addons == {name: pinned or f"v0.0.0-offline-default-{name}-{version}"
+                          for name, pinned in ADDON_VERSIONS[version].items()}
         # Node groups follow the control plane (kubelet may not be newer than the API server).
         groups = [g for g in stack.of_type("aws:eks/nodeGroup:NodeGroup")
                   if g.inputs["clusterName"] == eks.inputs["name"]]
@@ -527,3 +529,31 @@ def test_every_kubernetes_object_goes_with_its_cluster(stack):
     for obj in objects:
         inherited = [a.deleted_with for a in stack.ancestors(obj) if a.deleted_with]
         assert (obj.deleted_with or (inherited and inherited[0])) == eks.urn, obj.name
+
+
+def test_every_addon_is_pinned_or_resolved_and_declared_with_a_version(stack):
+    """Without addonVersion EKS installs its default and later runs keep whatever is there: what runs
+    is nowhere in the stack. Each add-on is pinned with a source (infra/cluster.py) or resolved by
+    getAddonVersion at `up` and printed."""
+    from infra.cluster import ADDON_VERSIONS, RESOLVED_AT_UP, addon_version_source
+
+    addons = stack.of_type("aws:eks/addon:Addon")
+    assert addons
+    for addon in addons:
+        assert addon.inputs.get("addonVersion"), addon.inputs["addonName"]
+    for version, pins in ADDON_VERSIONS.items():
+        for name in pins:
+            source = addon_version_source(version, name)
+            assert source.startswith("pinned v") or source == RESOLVED_AT_UP, (version, name)
+
+
+def test_a_cloudwatch_addon_with_otel_metrics_is_flagged():
+    """amazon-cloudwatch-observability v6.0.1-eksbuild.1 and later also enable Container Insights with
+    OpenTelemetry metrics (CloudWatch user guide, install-CloudWatch-Observability-EKS-addon, read
+    2026-12-06); the cost guard reads node_gpu_utilization."""
+    from infra.cluster import addon_version_warning
+
+    warning = addon_version_warning("amazon-cloudwatch-observability", "v6.0.1-eksbuild.1")
+    assert "node_gpu_utilization" in warning
+    assert addon_version_warning("amazon-cloudwatch-observability", "v4.3.0-eksbuild.1") is None
+    assert addon_version_warning("vpc-cni", "v9.0.0-eksbuild.1") is None
