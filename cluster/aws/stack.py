@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import yaml
 
@@ -114,7 +114,7 @@ class AutomationStack:
     """StackOps over the Automation API (needs the Pulumi CLI; AWS credentials for up/destroy)."""
 
     def __init__(self, stack: str, *, work_dir: Path = REPO_ROOT, on_output: Callable[[str], Any] = print,
-                 create: bool = True):
+                 create: bool = True, force: bool = False):
         require_pulumi_cli()
         from pulumi import automation as auto
 
@@ -123,6 +123,7 @@ class AutomationStack:
         self._on_output = on_output
         self._work_dir = Path(work_dir)
         self._run_config: dict[str, str] = {}
+        self.force = force  # up may roll GPU groups that have nodes (check_no_roll_under_jobs)
         if not (Path(work_dir) / "Pulumi.yaml").exists():
             raise StackError(f"{work_dir} has no Pulumi.yaml: run from the repository")
         try:
@@ -153,9 +154,35 @@ class AutomationStack:
         require_stack_account(self.name, self._work_dir)
         try:
             with run_config_file(self._work_dir, self.name, self._run_config) as config_file:
+                self._refuse_rolling_busy_groups(config_file)
                 self._stack.up(on_output=self._on_output, refresh=True, config_file=config_file)
         except self._auto.CommandError as exc:
             raise StackError(f"pulumi up of stack {self.name!r} failed: {_command_message(exc)}") from None
+
+    def _refuse_rolling_busy_groups(self, config_file: str) -> None:
+        """Preview an `up` of a stack whose compute is up; stop if it would roll a GPU group with nodes."""
+        if self.force or self._run_config.get(COMPUTE_KEY) == "false":
+            return
+        outputs = self.outputs()
+        groups = outputs.get("nodeGroups") or {}
+        if not outputs.get("clusterName") or not groups:
+            return  # nothing runs yet
+        steps: list[PlannedStep] = []
+
+        def record(event: Any) -> None:
+            pre = getattr(event, "resource_pre_event", None)
+            if pre is not None:
+                meta = pre.metadata
+                steps.append(PlannedStep(str(getattr(meta.op, "value", meta.op)), meta.type, meta.urn,
+                                         tuple(meta.diffs or ())))
+
+        self._stack.preview(on_event=record, refresh=True, config_file=config_file)
+        rolling = rolling_node_groups(steps, {f"nodes-{g}": g for g in groups})
+        if rolling:
+            nodes = node_counts(str(outputs["clusterName"]),
+                                {g: str(groups[g].get("eksNodeGroupName") or "") for g in rolling})
+            check_no_roll_under_jobs(self.name, rolling, nodes,
+                                     {g: str(v.get("capacityType")) for g, v in groups.items()}, self.force)
 
     def destroy(self) -> None:
         require_stack_account(self.name, self._work_dir)
@@ -193,6 +220,71 @@ def run_config_file(work_dir: Path, stack: str, run_config: Mapping[str, str]):
         out = Path(tmp) / f"Pulumi.{stack}.yaml"
         out.write_text(yaml.safe_dump(run_config_document(settings, run_config), sort_keys=False))
         yield str(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# No GPU node rolls under a running job
+# ---------------------------------------------------------------------------------------------
+
+NODE_GROUP_TYPE = "aws:eks/nodeGroup:NodeGroup"
+# Node group inputs whose change makes EKS replace every node: a new launch template version (what a
+# tag change in the template's tag specifications produces), the Kubernetes or AMI release version
+# (EKS user guide "Update a managed node group": a version update replaces the nodes, rolling), and
+# the inputs that replace the group itself.
+ROLLING_INPUTS = ("launchTemplate", "version", "releaseVersion", "amiType", "instanceTypes",
+                  "capacityType", "subnetIds", "nodeRoleArn", "diskSize")
+ROLLING_OPS = ("update", "replace", "create-replacement", "delete-replaced")
+
+
+class PlannedStep(NamedTuple):
+    """One step of a preview, as the engine reports it (ResourcePreEvent metadata)."""
+
+    op: str
+    type: str
+    urn: str
+    diffs: tuple[str, ...]
+
+
+def rolling_node_groups(steps: list[PlannedStep], gpu_groups: Mapping[str, str]) -> list[str]:
+    """The GPU groups (config names) an update would roll: `gpu_groups` maps each group's resource name
+    (infra/nodegroups.py: nodes-<group>) to its config name."""
+    rolling = []
+    for step in steps:
+        if step.type != NODE_GROUP_TYPE or step.op not in ROLLING_OPS:
+            continue
+        group = gpu_groups.get(step.urn.rsplit("::", 1)[-1])
+        replaced = step.op != "update"
+        if group and (replaced or any(d.split(".")[0] in ROLLING_INPUTS for d in step.diffs)) \
+                and group not in rolling:
+            rolling.append(group)
+    return rolling
+
+
+def check_no_roll_under_jobs(stack: str, rolling: list[str], nodes: Mapping[str, int],
+                             capacity_types: Mapping[str, str], force: bool) -> None:
+    """Refuse an `up` that would replace the nodes of a GPU group that has nodes (the cost guard scales
+    idle groups to zero, so nodes mean a job), unless forced."""
+    busy = [g for g in rolling if nodes.get(g, 0) > 0]
+    if not busy or force:
+        return
+    listed = ", ".join(f"{g} ({nodes[g]} node{'s' if nodes[g] != 1 else ''}"
+                       + (", Capacity Block" if capacity_types.get(g) == "CAPACITY_BLOCK" else "") + ")"
+                       for g in busy)
+    raise StackError(
+        f"up of stack {stack!r} would replace every node of GPU node group(s) {listed}: a launch template, "
+        "Kubernetes or AMI version change rolls the group, ending the jobs on it. Wait until they end (the "
+        "cost guard scales idle groups to zero), scale the group to 0 (`aws eks update-nodegroup-config "
+        "--scaling-config desiredSize=0`; a Capacity Block group that way first), or run `up --force`")
+
+
+def node_counts(cluster: str, eks_names: Mapping[str, str]) -> dict[str, int]:
+    """Desired size of each node group now (EKS DescribeNodegroup scalingConfig.desiredSize)."""
+    import boto3
+
+    eks = boto3.client("eks")
+    return {group: int(eks.describe_nodegroup(clusterName=cluster, nodegroupName=name)
+                       ["nodegroup"]["scalingConfig"]["desiredSize"])
+            for group, name in eks_names.items() if name}
 
 
 def _command_message(exc: Exception) -> str:

@@ -173,7 +173,7 @@ def _api_backed_stack(tmp_path, account="123456789012"):
     (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     ops = AutomationStack.__new__(AutomationStack)  # no CLI here: only up() and destroy() are exercised
     ops._auto, ops.name, ops._on_output, ops._stack = auto, "dev", print, _ApiStack()
-    ops._work_dir, ops._run_config = tmp_path, {}
+    ops._work_dir, ops._run_config, ops.force = tmp_path, {}, False
     return ops
 
 
@@ -290,3 +290,60 @@ def test_purge_empties_versioned_buckets_and_the_image_repository(object_store, 
         assert not left.get("Versions") and not left.get("DeleteMarkers"), bucket
         s3.delete_bucket(Bucket=bucket)  # S3 accepts it now: the bucket is empty
     assert ecr.list_images(repositoryName="ringtrain/purge/trainer")["imageIds"] == []
+
+
+# -- no GPU node rolls under a running job ---------------------------------------------------------
+
+ROLL = stack_mod.PlannedStep("update", "aws:eks/nodeGroup:NodeGroup",
+                             "urn:pulumi:dev::ringtrain::ringtrain:compute:NodeGroups$aws:eks/nodeGroup:NodeGroup::"
+                             "nodes-a10g-spot", ("launchTemplate",))
+GROUPS = {"nodes-a10g-spot": "a10g-spot", "nodes-l4-spot": "l4-spot"}
+
+
+def test_launch_template_version_and_replacements_roll_a_group_but_sizes_do_not():
+    sized = stack_mod.PlannedStep("update", ROLL.type, ROLL.urn.replace("a10g", "l4"), ("scalingConfig",))
+    system = stack_mod.PlannedStep("update", ROLL.type, ROLL.urn.replace("a10g-spot", "system"), ("version",))
+    replaced = stack_mod.PlannedStep("replace", ROLL.type, ROLL.urn.replace("a10g", "l4"), ())
+    assert stack_mod.rolling_node_groups([ROLL, sized, system], GROUPS) == ["a10g-spot"]
+    assert stack_mod.rolling_node_groups([replaced], GROUPS) == ["l4-spot"]
+    tagged = stack_mod.PlannedStep("update", ROLL.type, ROLL.urn, ("launchTemplate.version",))
+    assert stack_mod.rolling_node_groups([tagged], GROUPS) == ["a10g-spot"]
+
+
+def test_a_roll_of_a_group_with_nodes_is_refused_unless_forced():
+    refused = (r"would replace every node of GPU node group\(s\) a10g-spot \(2 nodes, Capacity Block\)"
+               r".*or run `up --force`")
+    with pytest.raises(StackError, match=refused):
+        stack_mod.check_no_roll_under_jobs("dev", ["a10g-spot"], {"a10g-spot": 2},
+                                           {"a10g-spot": "CAPACITY_BLOCK"}, force=False)
+    stack_mod.check_no_roll_under_jobs("dev", ["a10g-spot"], {"a10g-spot": 2}, {}, force=True)
+    stack_mod.check_no_roll_under_jobs("dev", ["a10g-spot"], {"a10g-spot": 0}, {}, force=False)  # idle
+
+
+def test_up_previews_first_and_stops_before_rolling_a_busy_group(tmp_path, moto_sts, monkeypatch):
+    from types import SimpleNamespace
+
+    ops = _api_backed_stack(tmp_path)
+    outputs = {"clusterName": "ringtrain-dev", "nodeGroups": {
+        "a10g-spot": {"eksNodeGroupName": "ringtrain-dev-a10g-spot", "capacityType": "SPOT"},
+        "l4-spot": {"eksNodeGroupName": "ringtrain-dev-l4-spot", "capacityType": "SPOT"}}}
+    ops.outputs = lambda: outputs
+    event = SimpleNamespace(resource_pre_event=SimpleNamespace(metadata=SimpleNamespace(
+        op=ROLL.op, type=ROLL.type, urn=ROLL.urn, diffs=list(ROLL.diffs))))
+    previews = []
+
+    def preview(on_event, **kwargs):
+        previews.append(kwargs)
+        on_event(event)
+
+    ops._stack.preview = preview
+    asked = []
+    monkeypatch.setattr(stack_mod, "node_counts",
+                        lambda cluster, names: asked.append(names) or {"a10g-spot": 3})
+    with pytest.raises(StackError, match="a10g-spot \\(3 nodes\\)"):
+        stack_up(ops)
+    assert ops._stack.cli_args == []  # no up ran
+    assert asked == [{"a10g-spot": "ringtrain-dev-a10g-spot"}] and previews[0]["refresh"] is True
+    ops.force = True
+    stack_up(ops)
+    assert len(ops._stack.cli_args) == 1
