@@ -20,6 +20,7 @@ meets a DependencyViolation for its delete timeout.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ import pulumi_aws as aws
 
 from infra.catalog import load_catalog
 from infra.cluster import ClusterInputs, EksCluster
-from infra.config import Settings
+from infra.config import NodeGroupConfig, Settings
 from infra.costguard import CostGuard, CostGuardInputs
 from infra.logs import ServiceLogGroups, service_log_groups
 from infra.nodegroups import NodeGroups, NodeGroupsInputs, node_group_name
@@ -40,7 +41,7 @@ class Compute:
     cluster: EksCluster
     node_groups: NodeGroups
     platform: Platform
-    cost_guard: CostGuard
+    cost_guard: CostGuard | None  # None when every GPU group runs on a Capacity Block
 
     def exports(self) -> dict[str, Any]:
         return {
@@ -51,6 +52,11 @@ class Compute:
             "trainingRoleArn": self.platform.training_role.arn,
             "nodeGroups": self.node_groups.export(),
         }
+
+
+def guarded_node_groups(groups: Sequence[NodeGroupConfig]) -> list[NodeGroupConfig]:
+    """The GPU groups the idle guard scales to zero: all but Capacity Block groups (paid up front)."""
+    return [g for g in groups if g.capacity_type != "CAPACITY_BLOCK"]
 
 
 def deploying_principal(provider: pulumi.ProviderResource) -> str:
@@ -103,13 +109,19 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         # ... and the access entries the Kubernetes provider authenticates through.
         depends_on=[nodes.system, *nodes.gpu.values(), *workload_addons, *cluster.admin_policies],
     ), opts=opts)
-    guard = CostGuard("costguard", CostGuardInputs(
-        cluster=cluster,
-        account_id=account_id,
-        gpu_node_groups=[node_group_name(cluster.name, g.name) for g in cfg.node_groups],
-        node_group_resources=list(nodes.gpu.values()),
-        config=cfg.cost_guard,
-        log_group=by_kind["costguard-logs"],
-        alert_topic=alert_topic,
-    ), opts=opts)
+    # Capacity Block groups are paid up front for the whole block (EC2 cannot cancel or modify one:
+    # CancelCapacityReservation API reference, read 2026-12-06): scaling one down saves nothing and only
+    # ends its job, so the guard does not watch them.
+    guarded = guarded_node_groups(cfg.node_groups)
+    guard = None
+    if guarded:
+        guard = CostGuard("costguard", CostGuardInputs(
+            cluster=cluster,
+            account_id=account_id,
+            gpu_node_groups=[node_group_name(cluster.name, g.name) for g in guarded],
+            node_group_resources=[nodes.gpu[g.name] for g in guarded],
+            config=cfg.cost_guard,
+            log_group=by_kind["costguard-logs"],
+            alert_topic=alert_topic,
+        ), opts=opts)
     return Compute(cluster=cluster, node_groups=nodes, platform=platform, cost_guard=guard)

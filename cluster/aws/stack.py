@@ -27,6 +27,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -309,10 +310,64 @@ def stack_up(ops: StackOps) -> dict[str, Any]:
     return ops.outputs()
 
 
-def stack_down(ops: StackOps) -> None:
-    """Compute off, deploy: the cluster and node groups go, the data layer stays."""
+def stack_down(ops: StackOps, notify: Callable[[str], Any] = print,
+               blocks: Callable[[list[str]], Mapping[str, Mapping[str, Any]]] | None = None) -> None:
+    """Compute off, deploy: the cluster and node groups go, the data layer stays. Then say what each
+    Capacity Block of the stack still means (`blocks` reads them; default EC2)."""
     ops.set_config(COMPUTE_KEY, "false")
     ops.up()
+    groups = capacity_block_groups(ops.name)
+    if groups:
+        found = (blocks or describe_capacity_blocks)([rid for _, rid in groups])
+        for line in capacity_block_notes(groups, found, datetime.now(UTC)):
+            notify(line)
+
+
+def capacity_block_groups(stack: str, work_dir: Path = REPO_ROOT) -> list[tuple[str, str]]:
+    """(group, reservation id) of each CAPACITY_BLOCK node group in the committed Pulumi.<stack>.yaml."""
+    path = Path(work_dir) / f"Pulumi.{stack}.yaml"
+    doc = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    groups = (doc.get("config") or {}).get("ringtrain:nodeGroups") or []
+    return [(g["name"], g["capacityReservationId"]) for g in groups
+            if isinstance(g, dict) and g.get("capacityType") == "CAPACITY_BLOCK"
+            and g.get("capacityReservationId")]
+
+
+def capacity_block_notes(groups: list[tuple[str, str]], blocks: Mapping[str, Mapping[str, Any]],
+                         now: datetime) -> list[str]:
+    """What `down` leaves running: a Capacity Block is paid up front and cannot be cancelled ("You can't
+    modify or cancel a Capacity Block", EC2 API reference CancelCapacityReservation; read 2026-12-06)."""
+    notes = []
+    for group, rid in groups:
+        block = blocks.get(rid)
+        if block is None:
+            notes.append(f"Capacity Block {rid} (node group {group}): not found in this account and region; "
+                         "check it in the EC2 console (Capacity Reservations)")
+            continue
+        end = block["EndDate"]
+        hours = max(0.0, (end - now).total_seconds() / 3600)
+        notes.append(
+            f"Capacity Block {rid} (node group {group}, {block.get('InstanceCount')} x "
+            f"{block.get('InstanceType')}, {block.get('State')}): paid up front and cannot be cancelled; it "
+            f"stays yours until {end.isoformat()} ({hours:.0f} h from now). `down` saves nothing on it "
+            "and refunds nothing: `up` again before then to use it.")
+    return notes
+
+
+def describe_capacity_blocks(reservation_ids: list[str]) -> dict[str, Mapping[str, Any]]:
+    """EC2 DescribeCapacityReservations for the given ids (a missing one is left out)."""
+    import boto3
+
+    found: dict[str, Mapping[str, Any]] = {}
+    ec2 = boto3.client("ec2")
+    for rid in reservation_ids:
+        try:
+            reservations = ec2.describe_capacity_reservations(CapacityReservationIds=[rid])
+        except Exception:  # not found / no permission: the note says so
+            continue
+        for r in reservations.get("CapacityReservations", []):
+            found[r["CapacityReservationId"]] = r
+    return found
 
 
 def purge_data_layer(outputs: Mapping[str, Any]) -> None:

@@ -347,3 +347,19 @@ def test_up_previews_first_and_stops_before_rolling_a_busy_group(tmp_path, moto_
     ops.force = True
     stack_up(ops)
     assert len(ops._stack.cli_args) == 1
+
+
+def test_down_reports_each_capacity_block_after_the_update(monkeypatch):
+    from datetime import UTC, datetime
+
+    ops = RecordingStack(name="prod")
+    monkeypatch.setattr(stack_mod, "capacity_block_groups",
+                        lambda stack: [("h100-block", "cr-0123456789abcdef0")])
+    said = []
+    end = datetime(2099, 1, 1, tzinfo=UTC)
+    stack_down(ops, notify=lambda line: said.append((len(ops.calls), line)),
+               blocks=lambda ids: {i: {"EndDate": end, "InstanceType": "p5.48xlarge", "InstanceCount": 2,
+                                       "State": "active"} for i in ids})
+    (after, line), = said
+    assert after == 2 and ops.calls[-1][0] == "up"  # printed once the compute is down
+    assert "cr-0123456789abcdef0 (node group h100-block" in line and "cannot be cancelled" in line
