@@ -203,6 +203,9 @@ def plan_from_settings(stack: str, settings: Settings, catalog: Catalog, run_hou
         "Not included: data layer (S3 storage and requests, KMS, ECR), NAT data processing, EBS volumes.",
         f"Priced from Pulumi.{stack}.yaml and the catalog; `pulumi preview --stack {stack}` lists every "
         "resource the stack declares.",
+        f"The budget counts only spend tagged project=ringtrain AND stack={stack}, and only once both are "
+        "active cost-allocation tags, from activation on: `up` activates them where the account may (a "
+        "standalone or management account; billing sees a new tag key up to 24 h after first use).",
     ]
     blocks = [g.name for g in groups if g.capacity_type == CAPACITY_BLOCK]
     if blocks:

@@ -157,8 +157,17 @@ class AutomationStack:
             with run_config_file(self._work_dir, self.name, self._run_config) as config_file:
                 self._refuse_rolling_busy_groups(config_file)
                 self._stack.up(on_output=self._on_output, refresh=True, config_file=config_file)
+            if self._run_config.get(COMPUTE_KEY) != "false":
+                for note in activate_cost_allocation_tags(self._cost_explorer()):
+                    self._on_output(f"ringtrain: {note}\n")
         except self._auto.CommandError as exc:
             raise StackError(f"pulumi up of stack {self.name!r} failed: {_command_message(exc)}") from None
+
+    def _cost_explorer(self) -> Any:
+        import boto3
+
+        # Cost Explorer is a global service served from us-east-1.
+        return boto3.client("ce", region_name="us-east-1")
 
     def _refuse_rolling_busy_groups(self, config_file: str) -> None:
         """Preview an `up` of a stack whose compute is up; stop if it would roll a GPU group with nodes."""
@@ -276,6 +285,56 @@ def check_no_roll_under_jobs(stack: str, rolling: list[str], nodes: Mapping[str,
         "Kubernetes or AMI version change rolls the group, ending the jobs on it. Wait until they end (the "
         "cost guard scales idle groups to zero), scale the group to 0 (`aws eks update-nodegroup-config "
         "--scaling-config desiredSize=0`; a Capacity Block group that way first), or run `up --force`")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost-allocation tags: the budget (infra/budget.py) sees only spend tagged project AND stack, and only
+# once both keys are active cost-allocation tags.
+# ---------------------------------------------------------------------------------------------
+
+COST_TAG_KEYS = ("project", "stack")
+BUDGET_BLIND = ("the stack's budget sees no spend until the cost-allocation tags {keys} are active, and "
+                "counts tagged spend only from activation on (AWS Billing: activated tags apply from then, "
+                "not to past spend)")
+
+
+def activate_cost_allocation_tags(ce: Any, keys: tuple[str, ...] = COST_TAG_KEYS) -> list[str]:
+    """Activate the budget's tag keys where this account may; return what the operator must know.
+
+    Not a Pulumi resource (aws.costexplorer.CostAllocationTag): a tag key can be activated only once
+    billing has seen it, "up to 24 hours" after first use (pulumi-aws CostAllocationTag docs, read
+    2026-12-06), so declaring it would fail every new stack's first `up`; and in an AWS Organization
+    only the management account may activate tags. So `up` tries after each deployment, and says why
+    when it cannot (Cost Explorer ListCostAllocationTags / UpdateCostAllocationTagsStatus)."""
+    try:
+        listed = ce.list_cost_allocation_tags(TagKeys=list(keys), Type="UserDefined")
+        status = {t["TagKey"]: t["Status"] for t in listed.get("CostAllocationTags", [])}
+        unseen = [k for k in keys if k not in status]
+        inactive = [k for k in keys if status.get(k) == "Inactive"]
+        errors = []
+        if inactive:
+            answer = ce.update_cost_allocation_tags_status(
+                CostAllocationTagsStatus=[{"TagKey": k, "Status": "Active"} for k in inactive])
+            errors = answer.get("Errors", [])
+    except Exception as exc:  # AccessDenied (member account, no ce:* permission), no network
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return [f"could not activate the cost-allocation tags {', '.join(keys)} ({reason}); in an AWS "
+                "Organization only the management account may: ask its owner to activate them. "
+                + BUDGET_BLIND.format(keys=" and ".join(keys))]
+    notes = []
+    if inactive and not errors:
+        notes.append(f"activated the cost-allocation tags {', '.join(inactive)}: the budget counts tagged "
+                     "spend from now on, not before")
+    for error in errors:
+        notes.append(f"could not activate the cost-allocation tag {error.get('TagKey')}: "
+                     f"{error.get('Code')} {error.get('Message')}")
+    if unseen:
+        notes.append(f"the tag keys {', '.join(unseen)} are not in the billing data yet (they appear up to "
+                     "24 hours after first use); the next `up` activates them. "
+                     + BUDGET_BLIND.format(keys=" and ".join(keys)))
+    elif errors:
+        notes.append(BUDGET_BLIND.format(keys=" and ".join(keys)))
+    return notes
 
 
 def node_counts(cluster: str, eks_names: Mapping[str, str]) -> dict[str, int]:

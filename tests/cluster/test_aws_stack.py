@@ -174,6 +174,7 @@ def _api_backed_stack(tmp_path, account="123456789012"):
     ops = AutomationStack.__new__(AutomationStack)  # no CLI here: only up() and destroy() are exercised
     ops._auto, ops.name, ops._on_output, ops._stack = auto, "dev", print, _ApiStack()
     ops._work_dir, ops._run_config, ops.force = tmp_path, {}, False
+    ops._cost_explorer = lambda: CostExplorerStub({"project": "Active", "stack": "Active"})
     return ops
 
 
@@ -363,3 +364,65 @@ def test_down_reports_each_capacity_block_after_the_update(monkeypatch):
     (after, line), = said
     assert after == 2 and ops.calls[-1][0] == "up"  # printed once the compute is down
     assert "cr-0123456789abcdef0 (node group h100-block" in line and "cannot be cancelled" in line
+
+
+# -- cost-allocation tags ---------------------------------------------------------------------------
+
+
+class CostExplorerStub:
+    """Cost Explorer's ListCostAllocationTags / UpdateCostAllocationTagsStatus over a dict of statuses."""
+
+    def __init__(self, statuses, fail=None, errors=()):
+        self.statuses, self.fail, self.errors, self.updates = dict(statuses), fail, list(errors), []
+
+    def list_cost_allocation_tags(self, TagKeys, Type):
+        if self.fail:
+            raise self.fail
+        return {"CostAllocationTags": [{"TagKey": k, "Type": Type, "Status": self.statuses[k]}
+                                       for k in TagKeys if k in self.statuses]}
+
+    def update_cost_allocation_tags_status(self, CostAllocationTagsStatus):
+        self.updates.append(CostAllocationTagsStatus)
+        failed = {e["TagKey"] for e in self.errors}
+        for entry in CostAllocationTagsStatus:
+            if entry["TagKey"] not in failed:
+                self.statuses[entry["TagKey"]] = entry["Status"]
+        return {"Errors": self.errors}
+
+
+def test_active_tags_need_nothing_and_say_nothing():
+    ce = CostExplorerStub({"project": "Active", "stack": "Active"})
+    assert stack_mod.activate_cost_allocation_tags(ce) == [] and ce.updates == []
+
+
+def test_inactive_tags_are_activated_and_counted_from_now_on():
+    ce = CostExplorerStub({"project": "Inactive", "stack": "Active"})
+    (note,) = stack_mod.activate_cost_allocation_tags(ce)
+    assert ce.updates == [[{"TagKey": "project", "Status": "Active"}]] and ce.statuses["project"] == "Active"
+    assert note.startswith("activated the cost-allocation tags project: the budget counts tagged spend")
+
+
+def test_tags_billing_has_not_seen_yet_and_member_accounts_are_explained():
+    (unseen,) = stack_mod.activate_cost_allocation_tags(CostExplorerStub({"project": "Active"}))
+    assert "the tag keys stack are not in the billing data yet" in unseen
+    assert "budget sees no spend until the cost-allocation tags project and stack are active" in unseen
+    denied = CostExplorerStub({}, fail=RuntimeError("AccessDeniedException: not the management account"))
+    (note,) = stack_mod.activate_cost_allocation_tags(denied)
+    assert "AccessDeniedException" in note and "only the management account may" in note
+    refused = CostExplorerStub({"project": "Inactive", "stack": "Inactive"},
+                               errors=[{"TagKey": "stack", "Code": "X", "Message": "no"}])
+    notes = stack_mod.activate_cost_allocation_tags(refused)
+    assert notes[0] == "could not activate the cost-allocation tag stack: X no"
+    assert "sees no spend" in notes[1]
+
+
+def test_up_activates_the_tags_after_deploying_and_prints_why_not(tmp_path, moto_sts):
+    ops = _api_backed_stack(tmp_path)
+    printed = []
+    ops._on_output = printed.append
+    ce = CostExplorerStub({"project": "Inactive", "stack": "Inactive"})
+    ops._cost_explorer = lambda: ce
+    stack_up(ops)
+    assert ce.updates and any("activated the cost-allocation tags project, stack" in p for p in printed)
+    stack_down(ops)  # compute off: nothing to activate
+    assert len(ce.updates) == 1
