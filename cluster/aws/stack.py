@@ -155,6 +155,9 @@ class AutomationStack:
         require_stack_account(self.name, self._work_dir)
         try:
             with run_config_file(self._work_dir, self.name, self._run_config) as config_file:
+                if self._run_config.get(COMPUTE_KEY) != "false":
+                    for note in require_quotas(self.name, self._work_dir, self._service_quotas()):
+                        self._on_output(f"ringtrain: {note}\n")
                 self._refuse_rolling_busy_groups(config_file)
                 self._stack.up(on_output=self._on_output, refresh=True, config_file=config_file)
             if self._run_config.get(COMPUTE_KEY) != "false":
@@ -162,6 +165,9 @@ class AutomationStack:
                     self._on_output(f"ringtrain: {note}\n")
         except self._auto.CommandError as exc:
             raise StackError(f"pulumi up of stack {self.name!r} failed: {_command_message(exc)}") from None
+
+    def _service_quotas(self) -> Any:
+        return None  # require_quotas makes the region's client
 
     def _cost_explorer(self) -> Any:
         import boto3
@@ -334,6 +340,52 @@ def activate_cost_allocation_tags(ce: Any, keys: tuple[str, ...] = COST_TAG_KEYS
                      + BUDGET_BLIND.format(keys=" and ".join(keys)))
     elif errors:
         notes.append(BUDGET_BLIND.format(keys=" and ".join(keys)))
+    return notes
+
+
+def quota_value(client: Any, code: str) -> float:
+    """A quota's applied value; its AWS default when it was never changed (GetServiceQuota answers
+    NoSuchResourceException for some of those)."""
+    try:
+        return float(client.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+    except Exception as exc:
+        if "NoSuchResource" not in f"{type(exc).__name__} {exc}":
+            raise
+        default = client.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)
+        return float(default["Quota"]["Value"])
+
+
+def require_quotas(stack: str, work_dir: Path = REPO_ROOT, client: Any = None) -> list[str]:
+    """Stop (StackError naming the quota) when an EC2 vCPU quota is below what the stack's node groups
+    need at maxSize (infra/quotas.py); return notes on what could not be checked."""
+    from infra.catalog import load_catalog
+    from infra.config import ConfigError, settings_from_engine_config
+    from infra.quotas import QuotaError, check_quota_values, quota_needs
+    from infra.stacks import engine_config
+
+    path = Path(work_dir) / f"Pulumi.{stack}.yaml"
+    config = ((yaml.safe_load(path.read_text()) if path.exists() else None) or {}).get("config") or {}
+    try:
+        settings = settings_from_engine_config(engine_config(config))
+    except ConfigError:
+        return []  # the program stops with the config's own message
+    needs, unchecked = quota_needs(settings, load_catalog())
+    if client is None:
+        import boto3
+
+        client = boto3.client("service-quotas", region_name=settings.region)
+    values: dict[str, float] = {}
+    notes = [f"EC2 vCPU quota not checked for node group {u}" for u in unchecked]
+    for need in needs:
+        try:
+            values[need.code] = quota_value(client, need.code)
+        except Exception as exc:  # no servicequotas:GetServiceQuota permission, no network
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            notes.append(f"could not read the EC2 quota {need.name} ({need.code}): {reason}; not checked")
+    try:
+        check_quota_values(needs, values, settings.region)
+    except QuotaError as exc:
+        raise StackError(str(exc)) from None
     return notes
 
 

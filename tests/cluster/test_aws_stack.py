@@ -175,6 +175,7 @@ def _api_backed_stack(tmp_path, account="123456789012"):
     ops._auto, ops.name, ops._on_output, ops._stack = auto, "dev", print, _ApiStack()
     ops._work_dir, ops._run_config, ops.force = tmp_path, {}, False
     ops._cost_explorer = lambda: CostExplorerStub({"project": "Active", "stack": "Active"})
+    ops._service_quotas = lambda: ServiceQuotasStub({})  # every quota at its large default
     return ops
 
 
@@ -426,3 +427,44 @@ def test_up_activates_the_tags_after_deploying_and_prints_why_not(tmp_path, moto
     assert ce.updates and any("activated the cost-allocation tags project, stack" in p for p in printed)
     stack_down(ops)  # compute off: nothing to activate
     assert len(ce.updates) == 1
+
+
+# -- EC2 vCPU quotas ----------------------------------------------------------------------------------
+
+
+class ServiceQuotasStub:
+    """Service Quotas' GetServiceQuota / GetAWSDefaultServiceQuota: applied values, else a default."""
+
+    def __init__(self, applied, default=100000.0, fail=None):
+        self.applied, self.default, self.fail, self.asked = dict(applied), default, fail, []
+
+    def get_service_quota(self, ServiceCode, QuotaCode):
+        self.asked.append((ServiceCode, QuotaCode))
+        if self.fail:
+            raise self.fail
+        if QuotaCode not in self.applied:
+            raise RuntimeError("NoSuchResourceException: the quota was never changed")
+        return {"Quota": {"QuotaCode": QuotaCode, "Value": self.applied[QuotaCode]}}
+
+    def get_aws_default_service_quota(self, ServiceCode, QuotaCode):
+        return {"Quota": {"QuotaCode": QuotaCode, "Value": self.default}}
+
+
+def test_up_stops_before_pulumi_when_a_vcpu_quota_is_too_low(tmp_path, moto_sts):
+    ops = _api_backed_stack(tmp_path)
+    quotas = ServiceQuotasStub({"L-3819A6DF": 384.0})  # dev's two spot groups need 2 x 4 x 96 = 768
+    ops._service_quotas = lambda: quotas
+    refused = (r"EC2 vCPU quota too low: All G and VT Spot Instance Requests \(L-3819A6DF\) is 384 vCPUs in "
+               r"us-east-1, and node group\(s\) a10g-spot, l4-spot need 768 at maxSize")
+    with pytest.raises(StackError, match=refused):
+        stack_up(ops)
+    assert ops._stack.cli_args == []
+    assert ("ec2", "L-1216C47A") in quotas.asked  # the system nodes' standard quota, read via its default
+
+
+def test_an_unreadable_quota_is_reported_not_fatal(tmp_path):
+    doc = yaml.safe_load((stack_mod.REPO_ROOT / "Pulumi.prod.yaml").read_text())
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump(doc))
+    denied = ServiceQuotasStub({}, fail=RuntimeError("AccessDenied"))
+    notes = stack_mod.require_quotas("prod", tmp_path, denied)
+    assert len(notes) == 3 and all("not checked" in n and "AccessDenied" in n for n in notes)
