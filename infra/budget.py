@@ -5,8 +5,10 @@ so the budget is part of every stack, not of the compute layer. It counts only s
 `project=<project>` AND `stack=<stack>` (the provider's default tags, infra/tags.py): another
 project's `stack=prod` does not count. AWS Budgets' FilterExpression (Cost Explorer Expression
 syntax) takes an `And` of tag filters; the legacy CostFilters `TagKeyValue` list would OR its values.
-Both keys must be activated once per account as cost-allocation tags (Billing console, or
-`aws ce update-cost-allocation-tags-status`), otherwise the budget sees no spend.
+Both keys must be active cost-allocation tags, otherwise the budget sees no spend, and it counts
+tagged spend only from activation on: `up` activates them after each deployment where the account
+may (cluster/aws/stack.py activate_cost_allocation_tags; not a CostAllocationTag resource, which fails
+until billing has seen the key), and `plan` says so.
 
 E-mail to `costGuard.notificationEmail` at 80 % and 100 % of actual spend and 100 % of forecast.
 """

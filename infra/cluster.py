@@ -1,10 +1,11 @@
 """The EKS control plane: cluster, its IAM role, log group and managed add-ons; the kubeconfig.
 
-- Authentication mode API with access entries (no aws-auth ConfigMap, docs/field-notes.md §7). Every admin,
-  the identity running `pulumi up` included (what the Kubernetes provider in infra/platform.py
-  authenticates as), gets ONE access entry the stack declares: EKS's own bootstrap entry for the
+- Authentication mode API with access entries (no aws-auth ConfigMap, docs/field-notes.md §7). Every
+  principal in `cluster.adminPrincipalArns` gets ONE access entry the stack declares, and only they:
+  the identity running `pulumi up` (what the Kubernetes provider in infra/platform.py authenticates as)
+  must be listed, so the entries do not depend on who runs `up`. EKS's own bootstrap entry for the
   creator is off, because CreateAccessEntry for a principal that already has one fails
-  (ResourceInUseException), so a creator also listed in `adminPrincipalArns` broke `up`.
+  (ResourceInUseException).
 - Secrets envelope-encrypted with the data layer's KMS key; all five control-plane log types on.
 - Endpoint private; public only from `cluster.publicAccessCidrs` (empty list: public endpoint off,
   so `pulumi up` must then run from inside the VPC).
@@ -36,11 +37,15 @@ CONTROL_PLANE_LOG_RETENTION_DAYS = 30
 # "latest version of the Amazon EKS add-on type for each Kubernetes version":
 #   kube-proxy: managing-kube-proxy (1.36 v1.36.0-eksbuild.14, 1.35 v1.35.3-eksbuild.13)
 #   coredns:    managing-coredns    (1.36 and 1.35 v1.14.3-eksbuild.3)
-# None: no source this project could reach lists a version of that add-on for that Kubernetes
-# version, so none is guessed: the add-on is created without addonVersion, EKS installs its default
-# version for the cluster's Kubernetes version (DescribeAddonVersions `defaultVersion`), and later
-# runs keep it (the provider reads the installed version back; no diff). Pin it here once
-# `aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name>` or the guide lists it.
+# None: no source this project could reach (EKS user guide managing-vpc-cni and pod-id-agent pages,
+# the CloudWatch add-on's docs and release notes; searched 2026-12-06) lists a version of that add-on
+# for that Kubernetes version, so none is guessed. `up` resolves it instead with getAddonVersion (EKS
+# DescribeAddonVersions: the default version for the cluster's Kubernetes version), prints it, and
+# declares it (resolve_addon_version below); pin it here once a source lists it.
+# amazon-cloudwatch-observability: from v6.0.1-eksbuild.1 the add-on also enables Container Insights
+# with OpenTelemetry metrics (CloudWatch user guide, install-CloudWatch-Observability-EKS-addon); the
+# cost guard reads the classic `node_gpu_utilization` series, so `up` warns when it resolves a
+# version from there on (addon_version_warning).
 ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
     "1.35": {
         "vpc-cni": None,
@@ -57,6 +62,30 @@ ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
         "amazon-cloudwatch-observability": None,
     },
 }
+RESOLVED_AT_UP = "resolved at `up` with getAddonVersion (EKS default for the Kubernetes version)"
+# The CloudWatch add-on version from which OTel Container Insights is on (see above).
+CLOUDWATCH_OTEL_FROM = (6, 0, 1)
+
+
+def addon_version_source(kubernetes_version: str, addon: str) -> str:
+    """Where the version of `addon` for `kubernetes_version` comes from: a pin, or resolution at `up`."""
+    pinned = addon_versions(kubernetes_version)[addon]
+    return f"pinned {pinned}" if pinned else RESOLVED_AT_UP
+
+
+def addon_version_warning(addon: str, version: str) -> str | None:
+    """A warning for a resolved version the stack was not checked against, or None."""
+    if addon != "amazon-cloudwatch-observability":
+        return None
+    numbers = re.match(r"v(\d+)\.(\d+)\.(\d+)", version)
+    if numbers and tuple(int(n) for n in numbers.groups()) >= CLOUDWATCH_OTEL_FROM:
+        return (f"amazon-cloudwatch-observability {version} also enables Container Insights with "
+                "OpenTelemetry metrics (v6.0.1 and later): check that the cost guard still finds "
+                "node_gpu_utilization (infra/scale_to_zero.py), and pin the version in infra/cluster.py "
+                "ADDON_VERSIONS")
+    return None
+
+
 # Add-ons every node needs before it can become Ready (networking, service routing, pod credentials):
 # installed before any node group, removed after every node group.
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
@@ -76,13 +105,22 @@ def container_insights_log_group(cluster: str, kind: str) -> str:
     return f"/aws/containerinsights/{cluster}/{kind}"
 
 
-def lookup_cluster_endpoint(name: str, provider: pulumi.ProviderResource) -> str | None:
-    """The API endpoint of EKS cluster `name` in the provider's region, or None if it does not exist
-    (read while the program runs, before anything is declared)."""
+@dataclass(frozen=True)
+class RunningCluster:
+    """What EKS reports for an existing cluster: its API endpoint and Kubernetes version."""
+
+    endpoint: str
+    version: str | None
+
+
+def lookup_cluster(name: str, provider: pulumi.ProviderResource) -> RunningCluster | None:
+    """EKS cluster `name` in the provider's region as it runs now, or None if it does not exist (read
+    while the program runs, before anything is declared)."""
     invoke = pulumi.InvokeOptions(provider=provider)
     if name not in aws.eks.get_clusters(opts=invoke).names:
         return None
-    return aws.eks.get_cluster(name=name, opts=invoke).endpoint
+    found = aws.eks.get_cluster(name=name, opts=invoke)
+    return RunningCluster(endpoint=found.endpoint, version=found.version or None)
 
 
 def endpoint_reachable(endpoint: str, timeout_s: float = 5.0) -> bool:
@@ -93,16 +131,6 @@ def endpoint_reachable(endpoint: str, timeout_s: float = 5.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def admin_principals(deployer: str, listed: Sequence[str]) -> list[str]:
-    """The principals that get a cluster-admin access entry: the deployer, then the listed admins,
-    each once (EKS keeps one access entry per principal and cluster)."""
-    out: list[str] = []
-    for arn in (deployer, *listed):
-        if arn not in out:
-            out.append(arn)
-    return out
 
 
 def access_entry_key(principal_arn: str) -> str:
@@ -165,7 +193,7 @@ class ClusterInputs:
     subnet_ids: pulumi.Input[Sequence[str]]
     cluster_security_group_id: pulumi.Input[str]
     kms_key_arn: pulumi.Input[str]
-    deployer_principal_arn: str  # IAM role or user running `pulumi up` (session issuer of the caller)
+    log_group: pulumi.Resource  # /aws/eks/<cluster>/cluster, from infra/logs.py
     admin_principal_arns: Sequence[str] = ()
 
 
@@ -177,6 +205,7 @@ class EksCluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.name = cluster_name(args.stack)
         self.region = args.region
+        self.kubernetes_version = args.kubernetes_version
         self.versions = addon_versions(args.kubernetes_version)
 
         self.role = aws.iam.Role(
@@ -197,14 +226,9 @@ class EksCluster(pulumi.ComponentResource):
                 lambda arn: json.dumps(iam.cluster_encryption_policy(arn))),
             opts=child,
         )
-        # Created before the cluster so EKS writes into a group with a retention (its own never expires).
-        # The name is the one EKS writes to, so a replacement must delete the old group first.
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs",
-            name=f"/aws/eks/{self.name}/cluster",
-            retention_in_days=CONTROL_PLANE_LOG_RETENTION_DAYS,
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
-        )
+        # The control-plane log group is declared with the data layer (infra/logs.py): EKS writes to it
+        # after the cluster is gone, so it must outlive `down`. The cluster waits for it.
+        self.log_group = args.log_group
         public = list(args.public_access_cidrs)
         self.cluster = aws.eks.Cluster(
             f"{name}-eks",
@@ -247,10 +271,11 @@ class EksCluster(pulumi.ComponentResource):
                               self.cluster.certificate_authority.data).apply(
                 lambda v: render_kubeconfig(v[0], v[1], v[2], args.region))
         )
-        # Administrators, the deployer first: access entries (API authentication mode), one each.
+        # Administrators: access entries (API authentication mode), one per listed principal; the
+        # deployer is one of them (infra/config.py check_deployer_is_admin).
         self.admin_entries: list[aws.eks.AccessEntry] = []
         self.admin_policies: list[aws.eks.AccessPolicyAssociation] = []
-        for principal in admin_principals(args.deployer_principal_arn, args.admin_principal_arns):
+        for principal in args.admin_principal_arns:
             key = access_entry_key(principal)
             entry = aws.eks.AccessEntry(
                 f"{name}-admin-{key}", cluster_name=self.cluster.name, principal_arn=principal,
@@ -289,13 +314,30 @@ class EksCluster(pulumi.ComponentResource):
 
         self.register_outputs({"clusterName": self.cluster.name, "endpoint": self.endpoint})
 
+    def _addon_version(self, addon: str) -> pulumi.Input[str]:
+        """The pinned version, or the one `up` resolves and prints (see ADDON_VERSIONS)."""
+        pinned = self.versions[addon]
+        if pinned:
+            return pinned
+        resolved = aws.eks.get_addon_version_output(
+            addon_name=addon, kubernetes_version=self.kubernetes_version, most_recent=False,
+            opts=pulumi.InvokeOutputOptions(parent=self))
+
+        def report(version: str) -> str:
+            pulumi.log.info(f"add-on {addon}: {version} ({RESOLVED_AT_UP}; no source pins it)")
+            warning = addon_version_warning(addon, version)
+            if warning:
+                pulumi.log.warn(warning)
+            return version
+        return resolved.version.apply(report)
+
     def _addon(self, name: str, addon: str, depends_on: Sequence[pulumi.Resource] = (),
                **extra) -> aws.eks.Addon:
         return aws.eks.Addon(
             f"{name}-{addon}",
             cluster_name=self.cluster.name,
             addon_name=addon,
-            addon_version=self.versions[addon],
+            addon_version=self._addon_version(addon),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
@@ -303,18 +345,11 @@ class EksCluster(pulumi.ComponentResource):
         )
 
     def add_workload_addons(self, name: str, system_nodes: pulumi.Resource,
-                            container_log_retention_days: int) -> list[aws.eks.Addon]:
+                            container_log_groups: Sequence[pulumi.Resource]) -> list[aws.eks.Addon]:
         """CoreDNS and GPU/host telemetry (CloudWatch agent + DCGM exporter), once nodes exist."""
-        # Created before the telemetry add-on, whose Fluent Bit and agent would otherwise create them
-        # without retention and outside the stack (they would outlive `destroy`). Fixed names (the
-        # add-on writes there): a replacement deletes the old group first.
-        self.container_log_groups = [
-            aws.cloudwatch.LogGroup(
-                f"{name}-containerinsights-{kind}", name=container_insights_log_group(self.name, kind),
-                retention_in_days=container_log_retention_days,
-                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
-            for kind in CONTAINER_INSIGHTS_LOG_GROUPS
-        ]
+        # The groups Fluent Bit and the agent write to exist before the add-on starts (else they would
+        # create them without retention); they are declared with the data layer (infra/logs.py).
+        self.container_log_groups = list(container_log_groups)
         agent_role = aws.iam.Role(
             f"{name}-cloudwatch-agent",
             assume_role_policy=self.arn.apply(lambda arn: json.dumps(

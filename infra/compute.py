@@ -20,6 +20,7 @@ meets a DependencyViolation for its delete timeout.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +29,9 @@ import pulumi_aws as aws
 
 from infra.catalog import load_catalog
 from infra.cluster import ClusterInputs, EksCluster
-from infra.config import Settings
+from infra.config import NodeGroupConfig, Settings
 from infra.costguard import CostGuard, CostGuardInputs
+from infra.logs import ServiceLogGroups, service_log_groups
 from infra.nodegroups import NodeGroups, NodeGroupsInputs, node_group_name
 from infra.platform import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, Platform, PlatformInputs
 
@@ -39,7 +41,7 @@ class Compute:
     cluster: EksCluster
     node_groups: NodeGroups
     platform: Platform
-    cost_guard: CostGuard
+    cost_guard: CostGuard | None  # None when every GPU group runs on a Capacity Block
 
     def exports(self) -> dict[str, Any]:
         return {
@@ -52,6 +54,11 @@ class Compute:
         }
 
 
+def guarded_node_groups(groups: Sequence[NodeGroupConfig]) -> list[NodeGroupConfig]:
+    """The GPU groups the idle guard scales to zero: all but Capacity Block groups (paid up front)."""
+    return [g for g in groups if g.capacity_type != "CAPACITY_BLOCK"]
+
+
 def deploying_principal(provider: pulumi.ProviderResource) -> str:
     """The IAM role or user running this `pulumi up`: an assumed-role session's issuer role (with its
     path), or the caller itself (aws.iam.get_session_context passes non-role ARNs through)."""
@@ -61,10 +68,12 @@ def deploying_principal(provider: pulumi.ProviderResource) -> str:
 
 
 def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[str], network, security, data,
-                    tags: dict[str, str], deployer_principal_arn: str,
+                    service_logs: ServiceLogGroups, alert_topic: aws.sns.Topic, tags: dict[str, str],
                     opts: pulumi.ResourceOptions) -> Compute:
     cfg = settings.stack
     catalog = load_catalog()
+    cluster_logs = service_log_groups(stack, cfg.cluster.container_log_retention_days)
+    by_kind = {g.logical: service_logs.group(g.name) for g in cluster_logs}
     cluster = EksCluster("eks", ClusterInputs(
         stack=stack,
         region=settings.region,
@@ -75,8 +84,8 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         subnet_ids=network.private_subnet_ids,
         cluster_security_group_id=security.cluster_sg.id,
         kms_key_arn=data.kms_key.arn,
-        deployer_principal_arn=deployer_principal_arn,
         admin_principal_arns=cfg.cluster.admin_principal_arns,
+        log_group=by_kind["eks-logs"],
     ), opts=opts)
     nodes = NodeGroups("nodes", NodeGroupsInputs(
         cluster=cluster,
@@ -90,7 +99,8 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         tags=tags,
     ), opts=opts)
     workload_addons = cluster.add_workload_addons(
-        "eks", nodes.system, container_log_retention_days=cfg.cluster.container_log_retention_days)
+        "eks", nodes.system,
+        container_log_groups=[g for key, g in by_kind.items() if key.startswith("eks-containerinsights-")])
     platform = Platform("platform", PlatformInputs(
         cluster=cluster,
         datasets_bucket_arn=data.datasets_bucket.arn,
@@ -99,11 +109,19 @@ def declare_compute(settings: Settings, *, stack: str, account_id: pulumi.Input[
         # ... and the access entries the Kubernetes provider authenticates through.
         depends_on=[nodes.system, *nodes.gpu.values(), *workload_addons, *cluster.admin_policies],
     ), opts=opts)
-    guard = CostGuard("costguard", CostGuardInputs(
-        cluster=cluster,
-        account_id=account_id,
-        gpu_node_groups=[node_group_name(cluster.name, g.name) for g in cfg.node_groups],
-        node_group_resources=list(nodes.gpu.values()),
-        config=cfg.cost_guard,
-    ), opts=opts)
+    # Capacity Block groups are paid up front for the whole block (EC2 cannot cancel or modify one:
+    # CancelCapacityReservation API reference, read 2026-12-06): scaling one down saves nothing and only
+    # ends its job, so the guard does not watch them.
+    guarded = guarded_node_groups(cfg.node_groups)
+    guard = None
+    if guarded:
+        guard = CostGuard("costguard", CostGuardInputs(
+            cluster=cluster,
+            account_id=account_id,
+            gpu_node_groups=[node_group_name(cluster.name, g.name) for g in guarded],
+            node_group_resources=[nodes.gpu[g.name] for g in guarded],
+            config=cfg.cost_guard,
+            log_group=by_kind["costguard-logs"],
+            alert_topic=alert_topic,
+        ), opts=opts)
     return Compute(cluster=cluster, node_groups=nodes, platform=platform, cost_guard=guard)

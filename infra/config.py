@@ -182,11 +182,13 @@ class ClusterConfig(_Section):
     # these groups with this retention so they expire and go with the cluster.
     container_log_retention_days: int = Field(
         default=30, description="days to keep container, node and performance logs: " + _RETENTION_HELP)
-    # infra-compute: extra cluster admins as EKS access entries (the deploying identity is one already).
+    # The cluster's administrators as EKS access entries: everyone who runs `up` or `submit`. Only these
+    # get entries, so the state is the same whoever runs `up` (before, the caller got an entry of its
+    # own, and the next operator's `up` deleted it).
     admin_principal_arns: list[str] = Field(
         default_factory=list, max_length=20,
-        description="IAM role or user ARNs (arn:aws:iam::<account>:role/<name> or :user/<name>) that get "
-                    "cluster-admin access entries; [] = only the identity that runs pulumi up")
+        description="IAM role or user ARNs (arn:aws:iam::<account>:role/<name> or :user/<name>) of "
+                    "ringtrain:accountId that get cluster-admin access entries: everyone who runs `up`")
 
     @field_validator("admin_principal_arns")
     @classmethod
@@ -242,11 +244,20 @@ class CostGuardConfig(_Section):
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+# AWS account ids are 12 digits (IAM user guide, "Your AWS account ID and its alias").
+ACCOUNT_ID_HELP = ("the 12-digit id of the AWS account the stack lives in, quoted (e.g. \"111122223333\"); "
+                   "the AWS provider refuses credentials of any other account (allowedAccountIds)")
+
+
 class StackConfig(_Section):
     owner: str = Field(pattern=r"^[A-Za-z0-9_.:/=+\-@ ]+$", min_length=1, max_length=256,
                        description="a tag value: 1 to 256 letters, digits, spaces and _.:/=+-@")
     cost_center: str = Field(pattern=r"^[A-Za-z0-9_.:/=+\-@ ]+$", min_length=1, max_length=256,
                              description="a tag value: 1 to 256 letters, digits, spaces and _.:/=+-@")
+    # The AWS provider refuses to run with credentials of another account (pulumi-aws `allowedAccountIds`,
+    # terraform-provider-aws: "AWS account ID not allowed: <id>"). Without it, `up --refresh` under a
+    # wrong profile reads every resource as gone and empties the state.
+    account_id: str = Field(pattern=r"^\d{12}$", description=ACCOUNT_ID_HELP)
     ttl_hours: int = Field(default=72, ge=1, le=8760, description="an integer 1..8760")
     compute: bool = Field(default=True, description="true (cluster up) or false (compute removed, data kept)")
     data_protection: bool = Field(
@@ -365,6 +376,7 @@ def check_semantics(cfg: StackConfig, region: str, catalog: Catalog) -> None:
     """Rules that span fields or need the catalog, one section at a time. Raises the first ConfigError."""
     check_network(cfg.network, region)
     check_cluster(cfg.cluster, catalog)
+    check_admins(cfg)
     check_node_groups(cfg.node_groups, cfg.compute, catalog)
 
 
@@ -392,6 +404,17 @@ def check_network(net: NetworkConfig, region: str) -> None:
                        "a CIDR outside 172.17.0.0/16 (the Docker bridge range)")
 
 
+# The public endpoint sees a caller's public (post-NAT) source address, so a private range (RFC 1918:
+# 10/8, 172.16/12, 192.168/16) never matches anyone, and the documentation ranges (RFC 5737:
+# 192.0.2/24, 198.51.100/24, 203.0.113/24, "SHOULD NOT be used on the public Internet") are examples
+# that were never replaced. Python's ipaddress marks both, and the other IANA special-purpose ranges,
+# as not global.
+PUBLIC_CIDR_HELP = ("your public egress CIDR, e.g. the /32 of the address https://checkip.amazonaws.com "
+                    "shows; not a private (RFC 1918: 10/8, 172.16/12, 192.168/16), documentation (RFC 5737: "
+                    "192.0.2/24, 198.51.100/24, 203.0.113/24) or other reserved range, which no caller of "
+                    "the public endpoint comes from; [] keeps the endpoint private")
+
+
 def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
     """cluster: distinct, specific public endpoint CIDRs; a CPU system node type with sane counts."""
     seen_public: list[tuple[int, ipaddress.IPv4Network]] = []
@@ -403,6 +426,8 @@ def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
             raise _problem(key, raw, str(exc)) from None
         if net_i.prefixlen == 0:
             raise _problem(key, raw, "a specific CIDR (never 0.0.0.0/0; [] keeps the endpoint private)")
+        if not net_i.is_global:
+            raise _problem(key, raw, PUBLIC_CIDR_HELP)
         for j, other in seen_public:
             if net_i.overlaps(other):
                 raise _problem(key, raw,
@@ -415,6 +440,33 @@ def check_cluster(cluster: ClusterConfig, catalog: Catalog) -> None:
         raise _problem("cluster.systemNodes.instanceType", system.instance_type,
                        f"a CPU instance type from infra/catalog.yaml: {', '.join(catalog.cpu_types())}")
     _check_counts("cluster.systemNodes", system, min_floor=1)
+
+
+ADMINS_KEY = "cluster.adminPrincipalArns"
+
+
+def check_admins(cfg: StackConfig) -> None:
+    """cluster.adminPrincipalArns: at least one while compute is on, each of the stack's account."""
+    admins = cfg.cluster.admin_principal_arns
+    if cfg.compute and not admins:
+        raise _problem(ADMINS_KEY, [], "at least one IAM role or user ARN: everyone who runs `up` (the "
+                                       "Kubernetes provider authenticates as the caller)")
+    for i, arn in enumerate(admins):
+        if arn.split(":")[4] != cfg.account_id:
+            raise _problem(f"{ADMINS_KEY}[{i}]", arn,
+                           f"a principal of ringtrain:accountId {cfg.account_id}")
+
+
+def check_deployer_is_admin(settings: Settings, deployer: str) -> None:
+    """The principal running `up` (an assumed role's issuer role, or the IAM user) must be listed: the
+    Kubernetes provider authenticates as it, and only listed principals get access entries."""
+    cfg = settings.stack
+    if not cfg.compute or deployer in cfg.cluster.admin_principal_arns:
+        return
+    raise _problem(ADMINS_KEY, list(cfg.cluster.admin_principal_arns),
+                   f"a list that includes {deployer}, the principal running this `up`, which installs "
+                   "the Kubernetes platform as itself: add it to Pulumi.<stack>.yaml and commit, or run "
+                   "`up` as one of the listed principals")
 
 
 def check_node_groups(node_groups: Sequence[NodeGroupConfig], compute: bool, catalog: Catalog) -> None:
@@ -558,6 +610,13 @@ def check_capacity_blocks(settings: Settings, lookup: Callable[[str], CapacityBl
                            f"{block.start_date}); jobs scale the group up once it is")
 
 
+def with_kubernetes_version(settings: Settings, version: str) -> Settings:
+    """The same settings declaring another Kubernetes version (EKS upgraded the cluster past the
+    committed one: infra/versions.py effective_version)."""
+    cluster = settings.stack.cluster.model_copy(update={"kubernetes_version": version})
+    return settings.model_copy(update={"stack": settings.stack.model_copy(update={"cluster": cluster})})
+
+
 def check_private_endpoint(settings: Settings, cluster: str, endpoint: str | None,
                            reachable: Callable[[str], bool]) -> None:
     """With `cluster.publicAccessCidrs: []` the API endpoint answers inside the VPC only, and this run
@@ -597,7 +656,7 @@ def _decode(value: Any) -> Any:
 
 
 # Top-level keys whose values are plain strings even when they look like JSON ("123", "true").
-_STRING_KEYS = {"owner", "costCenter"}
+_STRING_KEYS = {"owner", "costCenter", "accountId"}
 
 
 def raw_namespace(config: dict[str, Any]) -> dict[str, Any]:

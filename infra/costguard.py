@@ -26,6 +26,7 @@ import pulumi_aws as aws
 from infra import iam
 from infra.cluster import EksCluster
 from infra.config import CostGuardConfig
+from infra.logs import cost_guard_function_name
 from infra.scale_to_zero import NOTIFIED_TAG
 
 CHECK_EVERY_MINUTES = 5
@@ -33,7 +34,6 @@ GRACE_MINUTES = 10  # a new node's telemetry needs a few minutes before it repor
 LAMBDA_RUNTIME = "python3.12"
 LAMBDA_SOURCE = Path(__file__).with_name("scale_to_zero.py")
 LAMBDA_HANDLER = "scale_to_zero.handler"
-LOG_RETENTION_DAYS = 30
 
 
 def guard_environment(cluster: str, node_groups: Sequence[str], cfg: CostGuardConfig,
@@ -55,6 +55,8 @@ class CostGuardInputs:
     gpu_node_groups: Sequence[str]  # EKS node group names
     node_group_resources: Sequence[pulumi.Resource]
     config: CostGuardConfig
+    log_group: aws.cloudwatch.LogGroup  # /aws/lambda/<function>, from infra/logs.py
+    alert_topic: aws.sns.Topic  # the stack's alert topic, from infra/alerts.py
 
 
 class CostGuard(pulumi.ComponentResource):
@@ -62,19 +64,15 @@ class CostGuard(pulumi.ComponentResource):
         super().__init__("ringtrain:compute:CostGuard", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         cluster = args.cluster
-        function_name = f"{cluster.name}-scale-to-zero"[:64]
+        function_name = cost_guard_function_name(cluster.name)
 
-        # Fixed names (Lambda writes to /aws/lambda/<function>; the backend addresses the function):
-        # a replacement deletes the old one first, or AWS answers "already exists".
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/aws/lambda/{function_name}", retention_in_days=LOG_RETENTION_DAYS,
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
+        # /aws/lambda/<function>, declared with the data layer (infra/logs.py): a last invocation may
+        # write to it after the function is gone.
+        self.log_group = args.log_group
         # Alerts to the stack's address: nodes the guard cannot judge (no GPU telemetry), and the
-        # guard's own failures (the Errors alarm below).
-        self.topic = aws.sns.Topic(f"{name}-alerts", opts=child)
-        self.subscription = aws.sns.TopicSubscription(
-            f"{name}-alerts-email", topic=self.topic.arn, protocol="email",
-            endpoint=args.config.notification_email, opts=child)
+        # guard's own failures (the Errors alarm below). The topic and its confirmed e-mail
+        # subscription live with the data layer (infra/alerts.py).
+        self.topic = args.alert_topic
         self.role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=json.dumps(iam.service_trust_policy("lambda.amazonaws.com")),

@@ -96,10 +96,13 @@ class Platform(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=cluster.kubeconfig,
-            # With `kubernetes:strictMode` on, pulumi-kubernetes' CheckConfig refuses every provider,
-            # explicit ones too, that lacks `kubeconfig` or `context` (pulumi/pulumi-kubernetes
-            # provider/pkg/provider/provider.go, PR #2425; tests/sdk/nodejs/strict-mode): name the
-            # context the rendered kubeconfig defines (infra/cluster.py render_kubeconfig).
+            # The stacks disable default providers (`pulumi:disable-default-providers`, pulumi/pulumi
+            # #8829) instead of `kubernetes:strictMode`: with strict mode, pulumi-kubernetes' CheckConfig
+            # reads `news["kubeconfig"]` with StringValue() after HasValue() (provider/pkg/provider/
+            # provider.go), HasValue() is true for a computed value (pulumi sdk/go/common/resource/
+            # properties.go: `!v.IsNull() && !v.IsOutput()`) and StringValue() is `v.V.(string)`: this
+            # kubeconfig, built from the cluster's outputs, is computed at a new stack's first preview
+            # (read 2026-12-06). The context names the one the rendered kubeconfig defines.
             context=cluster.kubeconfig_context,
             enable_server_side_apply=True,
             # No delete_unreachable: with it, a cluster that is only unreachable (private endpoint run
@@ -109,8 +112,14 @@ class Platform(pulumi.ComponentResource):
             # is gone").
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # deleted_with: these objects live inside the cluster and go with it, so a `down` that deletes
+        # the cluster makes no Kubernetes API call for them (pulumi/pulumi#11095: "Avoiding failed
+        # deletions when the pulumi user running the plan has access to the container resource but
+        # not the contained ones"; children inherit it, pulumi/pulumi#12572; read 2026-12-06). So a
+        # second operator without an access entry, or a run outside the VPC of a private endpoint,
+        # can still `down`.
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=self.provider,
-                                          depends_on=list(args.depends_on))
+                                          depends_on=list(args.depends_on), deleted_with=cluster.cluster)
 
         # -- training identity ------------------------------------------------------------------
         self.namespace = k8s.core.v1.Namespace(

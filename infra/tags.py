@@ -21,11 +21,17 @@ def default_tags(project: str, stack: str, owner: str, cost_center: str, ttl_hou
     }
 
 
-def tagged_provider(name: str, region: str, tags: dict[str, str]) -> aws.Provider:
-    """The explicit AWS provider every resource of the program uses (never the engine's default one)."""
+def tagged_provider(name: str, region: str, tags: dict[str, str], account_id: str) -> aws.Provider:
+    """The explicit AWS provider every resource of the program uses (never the engine's default one).
+
+    allowed_account_ids: the provider refuses credentials of any other account before any call
+    ("AWS account ID not allowed: <id>"). Refresh configures providers from their inputs in the state,
+    so this also guards `pulumi refresh` and `up --refresh` under a wrong profile, which would
+    otherwise read every resource as deleted and drop it from the state."""
     return aws.Provider(
         name,
         region=region,
+        allowed_account_ids=[account_id],
         default_tags=aws.ProviderDefaultTagsArgs(tags=tags),
         opts=pulumi.ResourceOptions(),
     )

@@ -71,6 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
               "  ringtrain up --stack dev --kubeconfig ~/.kube/dev.yaml")
     up.add_argument("--kubeconfig", type=Path,
                     help="where to write the kubeconfig (default ~/.kube/ringtrain-<stack>.yaml)")
+    up.add_argument("--force", action="store_true",
+                    help="apply even if it replaces the nodes of GPU groups that have nodes (running jobs)")
     up.set_defaults(command_fn=cmd_up)
 
     down = _add(sub, "down", "remove the compute; the data layer stays",
@@ -153,7 +155,7 @@ def cmd_up(a: argparse.Namespace) -> int:
 
     require_pulumi_cli()
     require_aws_credentials()
-    outputs = stack_up(AutomationStack(a.stack))
+    outputs = stack_up(AutomationStack(a.stack, force=a.force))
     path = write_kubeconfig(outputs, a.kubeconfig or default_kubeconfig_path(a.stack), stack=a.stack)
     print(f"stack {a.stack} is up; kubeconfig written to {path} (mode 0600): export KUBECONFIG={path}")
     return 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import date
 from typing import Any
 
 from cluster.mpijob import SYSTEM_POOL
@@ -34,6 +35,7 @@ from infra.catalog import Catalog, load_catalog
 from infra.config import ConfigError, Settings, settings_from_engine_config
 from infra.efa import efa_interface_count
 from infra.stacks import REPO_ROOT, StackFileError, engine_config, stack_config, stack_file, stack_names
+from infra.versions import support_notice
 
 PRICE_REGION = "us-east-1"  # the region of the catalog's list prices
 CAPACITY_BLOCK = "CAPACITY_BLOCK"
@@ -187,8 +189,9 @@ def estimate_cost(node_groups: tuple[NodeGroupPlan, ...], nat_gateways: int, eks
                         price_sources=tuple(sorted(sources)), unpriced_types=tuple(sorted(unpriced)))
 
 
-def plan_from_settings(stack: str, settings: Settings, catalog: Catalog, run_hours: float) -> Plan:
-    """The plan of a validated stack config (pure)."""
+def plan_from_settings(stack: str, settings: Settings, catalog: Catalog, run_hours: float,
+                       today: date | None = None) -> Plan:
+    """The plan of a validated stack config (pure but for `today`, the date support notices are for)."""
     cfg = settings.stack
     groups = node_groups_from_settings(settings, catalog)
     nats = nat_gateway_count(settings)
@@ -200,6 +203,9 @@ def plan_from_settings(stack: str, settings: Settings, catalog: Catalog, run_hou
         "Not included: data layer (S3 storage and requests, KMS, ECR), NAT data processing, EBS volumes.",
         f"Priced from Pulumi.{stack}.yaml and the catalog; `pulumi preview --stack {stack}` lists every "
         "resource the stack declares.",
+        f"The budget counts only spend tagged project=ringtrain AND stack={stack}, and only once both are "
+        "active cost-allocation tags, from activation on: `up` activates them where the account may (a "
+        "standalone or management account; billing sees a new tag key up to 24 h after first use).",
     ]
     blocks = [g.name for g in groups if g.capacity_type == CAPACITY_BLOCK]
     if blocks:
@@ -207,6 +213,9 @@ def plan_from_settings(stack: str, settings: Settings, catalog: Catalog, run_hou
                      "bought, for its whole duration (price: EC2 DescribeCapacityBlockOfferings); the "
                      "$/h totals leave them out. Offline the block is assumed to match the config; "
                      "`pulumi preview`/`up` check it against AWS.")
+    support = support_notice(cfg.cluster.kubernetes_version, cfg.cluster.support_type, today or date.today())
+    if support:
+        notes.insert(0, support)
     if not cfg.compute:
         notes.insert(0, "ringtrain:compute is false: compute is down, only the data layer exists.")
     if settings.region != PRICE_REGION:

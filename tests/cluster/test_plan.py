@@ -258,3 +258,10 @@ def test_the_plan_runs_without_the_pulumi_runtime():
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_the_plan_says_when_the_budget_starts_seeing_spend():
+    """AWS Budgets filters on cost-allocation tags, which count only once active, from then on."""
+    notes = offline_plan("dev", 1.0).notes
+    (note,) = [n for n in notes if "cost-allocation tags" in n]
+    assert "project=ringtrain AND stack=dev" in note and "from activation on" in note

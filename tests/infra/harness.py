@@ -76,6 +76,8 @@ class CapturedResource:
     providers: dict[str, str] = field(default_factory=dict)  # component `providers=` map
     # Added by infra-compute: node groups with fixed names must be replaced delete-first.
     delete_before_replace: bool = False
+    aliases: list[str] = field(default_factory=list)  # alias URNs (full-URN aliases as sent)
+    deleted_with: str = ""  # URN of the resource whose deletion makes this one's delete call unneeded
 
     @property
     def provider_urn(self) -> str:
@@ -201,6 +203,13 @@ def _get_ami(args: dict, region: str) -> dict:
             "architecture": "x86_64", "rootDeviceName": "/dev/xvda"}
 
 
+def _get_addon_version(args: dict, region: str) -> dict:
+    """EKS DescribeAddonVersions' default for an add-on and Kubernetes version (offline: a marker)."""
+    version = f"v0.0.0-offline-default-{args['addonName']}-{args['kubernetesVersion']}"
+    return {"addonName": args["addonName"], "kubernetesVersion": args["kubernetesVersion"],
+            "version": version, "id": args["addonName"]}
+
+
 # token -> (args, region) -> result. Extend (additively) when the program starts calling more.
 INVOKES: dict[str, Callable[[dict, str], dict]] = {
     "aws:index/getAvailabilityZones:getAvailabilityZones": _get_availability_zones,
@@ -210,6 +219,7 @@ INVOKES: dict[str, Callable[[dict, str], dict]] = {
     "aws:index/getPartition:getPartition": _get_partition,
     "aws:ssm/getParameter:getParameter": _get_ssm_parameter,
     "aws:ec2/getAmi:getAmi": _get_ami,
+    "aws:eks/getAddonVersion:getAddonVersion": _get_addon_version,
 }
 
 
@@ -238,6 +248,28 @@ def capacity_blocks_as_configured(config: Mapping[str, Any]) -> Callable[[dict, 
                 "instanceType": group["instanceTypes"][0], "instanceCount": group["maxSize"],
                 "state": "active", "reservationType": "capacity-block",
                 "startDate": "2026-12-01T11:30:00Z", "endDate": "2026-12-08T11:30:00Z"}
+    return answer
+
+
+CALLER_INVOKE = "aws:index/getCallerIdentity:getCallerIdentity"
+
+
+def caller_as_first_admin(config: Mapping[str, Any]) -> Callable[[dict, str], dict]:
+    """Offline caller identity: the config's first cluster admin (a session of it, for a role), so that
+    a committed stack runs as one of its listed operators. A config without admins keeps the default."""
+    raw = config.get("ringtrain:cluster")
+    cluster = json.loads(raw) if isinstance(raw, str) else (raw or {})
+    admins = cluster.get("adminPrincipalArns") or []
+    if not admins or not str(admins[0]).startswith("arn:") or str(admins[0]).count(":") < 5:
+        return _get_caller_identity  # no (valid) admin: config validation stops the run anyway
+    first = admins[0]
+    account = first.split(":")[4]
+    kind, _, name = first.split(":", 5)[5].partition("/")
+    arn = (f"arn:aws:sts::{account}:assumed-role/{name.rsplit('/', 1)[-1]}/offline-test" if kind == "role"
+           else first)
+
+    def answer(args: dict, region: str) -> dict:
+        return {"accountId": account, "arn": arn, "userId": "AROAOFFLINE", "id": account}
     return answer
 
 
@@ -386,6 +418,8 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
             ignore_changes=list(request.ignoreChanges),
             providers=dict(request.providers),
             delete_before_replace=bool(request.deleteBeforeReplace),
+            aliases=[a.urn for a in request.aliases if a.urn] + list(request.aliasURNs),
+            deleted_with=request.deletedWith,
         )
         with self._lock:
             self.captured[urn] = captured
@@ -448,7 +482,8 @@ def run_program(
     region = str(cfg.get("aws:region", "us-east-1"))
 
     with _RUN_LOCK:
-        answers = {**INVOKES, CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg),
+        answers = {**INVOKES, CALLER_INVOKE: caller_as_first_admin(cfg),
+                   CAPACITY_BLOCK_INVOKE: capacity_blocks_as_configured(cfg),
                    **clusters_existing(stack), **(invokes or {})}
         mocks = _RecordingMocks(region, answers)
         monitor = _RecordingMonitor(mocks)

@@ -199,3 +199,50 @@ def test_plan_shows_the_block_and_keeps_it_out_of_the_hourly_totals():
     assert plan.cost.full_scale_usd_per_hour == without.cost.full_scale_usd_per_hour
     table = plan_to_table(plan)
     assert "CAPACITY_BLOCK" in table and "paid up front" in table
+
+
+def test_the_cost_guard_never_scales_a_capacity_block_group():
+    """A block is paid up front for its whole duration and EC2 cannot cancel it ("You can't modify or
+    cancel a Capacity Block": EC2 API reference CancelCapacityReservation, read 2026-12-06): scaling its
+    group to zero saves nothing and only ends the job."""
+    import json
+
+    result = run_program("prod", config=prod_with_block())
+    (fn,) = result.of_type("aws:lambda/function:Function")
+    watched = json.loads(fn.inputs["environment"]["variables"]["NODE_GROUPS"])
+    assert "ringtrain-prod-h100-block" not in watched
+    assert watched == ["ringtrain-prod-h100-ondemand", "ringtrain-prod-h100-spot"]
+    policy = json.loads(result.one("aws:iam/rolePolicy:RolePolicy", "costguard-policy").inputs["policy"])
+    (scale,) = [s for s in policy["Statement"] if "eks:UpdateNodegroupConfig" in s["Action"]]
+    assert not any("/h100-block/" in arn or "-h100-block/" in arn for arn in scale["Resource"])
+
+
+def test_a_stack_of_capacity_blocks_only_has_no_idle_guard():
+    cfg = prod_with_block()
+    cfg["ringtrain:nodeGroups"] = [CB_GROUP]
+    result = run_program("prod", config=cfg)
+    assert result.of_type("aws:lambda/function:Function") == []
+    assert result.of_type("aws:sns/topic:Topic")  # alerts (and the budget) stay
+
+
+def test_down_says_a_block_cannot_be_cancelled_and_until_when_it_is_yours(tmp_path):
+    from datetime import UTC, datetime
+
+    from cluster.aws import stack as stack_mod
+
+    now = datetime(2026, 12, 10, 11, 30, tzinfo=UTC)
+    found = {BLOCK_ID: {"CapacityReservationId": BLOCK_ID, "InstanceType": "p5.48xlarge", "InstanceCount": 2,
+                        "State": "active", "EndDate": datetime(2026, 12, 14, 11, 30, tzinfo=UTC)}}
+    (note,) = stack_mod.capacity_block_notes([("h100-block", BLOCK_ID)], found, now)
+    assert note.startswith(f"Capacity Block {BLOCK_ID} (node group h100-block, 2 x p5.48xlarge, active): "
+                           "paid up front and cannot be cancelled; it stays yours until "
+                           "2026-12-14T11:30:00+00:00 (96 h from now). `down` saves nothing on it and "
+                           "refunds nothing")
+    (missing,) = stack_mod.capacity_block_notes([("h100-block", BLOCK_ID)], {}, now)
+    assert "not found in this account and region" in missing
+
+    # stack_down reads the stack's block groups from its file and prints the notes after the update.
+    import yaml
+    (tmp_path / "Pulumi.prod.yaml").write_text(yaml.safe_dump({"config": prod_with_block()}))
+    assert stack_mod.capacity_block_groups("prod", tmp_path) == [("h100-block", BLOCK_ID)]
+    assert stack_mod.capacity_block_groups("prod") == []  # the committed prod has none

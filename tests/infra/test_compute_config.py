@@ -75,18 +75,28 @@ def test_admin_principals_become_cluster_admin_access_entries():
     cfg = dev_with()
     admins = ["arn:aws:iam::123456789012:role/platform-admin", "arn:aws:iam::123456789012:user/alice"]
     cfg["ringtrain:cluster"] = {**cfg["ringtrain:cluster"], "adminPrincipalArns": admins}
-    result = run_program("dev", config=cfg)
-    # The deploying identity (the harness's caller) gets its entry from the stack too, first.
-    everyone = ["arn:aws:iam::123456789012:user/ringtrain-test", *admins]
+    result = run_program("dev", config=cfg)  # the harness's caller: a session of the first admin
+    # Exactly the listed principals get entries (the caller is one of them; it gets no extra entry).
     entries = result.of_type("aws:eks/accessEntry:AccessEntry")
-    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(everyone)
+    assert sorted(e.inputs["principalArn"] for e in entries) == sorted(admins)
     assocs = result.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
-    assert sorted(a.inputs["principalArn"] for a in assocs) == sorted(everyone)
+    assert sorted(a.inputs["principalArn"] for a in assocs) == sorted(admins)
     for assoc in assocs:
         assert assoc.inputs["policyArn"].endswith("/AmazonEKSClusterAdminPolicy")
         assert assoc.inputs["accessScope"] == {"type": "cluster"}
     # No aws-auth ConfigMap anywhere: access is API-mode entries only.
     assert not [r for r in result.resources if r.type == "kubernetes:core/v1:ConfigMap"]
+
+
+def test_admins_of_another_account_or_none_at_all_are_refused():
+    cfg = dev_with()
+    cfg["ringtrain:cluster"] = {**cfg["ringtrain:cluster"],
+                                "adminPrincipalArns": ["arn:aws:iam::999999999999:role/admin"]}
+    assert ('ringtrain:cluster.adminPrincipalArns[0]: "arn:aws:iam::999999999999:role/admin" is invalid: '
+            "a principal of ringtrain:accountId 123456789012") in fails_with(cfg)
+    cfg["ringtrain:cluster"] = {**cfg["ringtrain:cluster"], "adminPrincipalArns": []}
+    assert "ringtrain:cluster.adminPrincipalArns: [] is invalid: at least one IAM role or user ARN" \
+        in fails_with(cfg)
 
 
 def test_admin_principal_that_is_not_an_iam_arn_is_refused():

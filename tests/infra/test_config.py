@@ -90,9 +90,15 @@ BAD = [
     ("service cidr overlaps vpc", _set("network.kubernetesServiceCidr", "10.20.128.0/17"),
      ['ringtrain:network.kubernetesServiceCidr: "10.20.128.0/17" is invalid: a CIDR that does not overlap '
       "network.cidr (10.20.0.0/16)"]),
-    ("public cidrs overlap", _set("cluster.publicAccessCidrs", ["203.0.113.0/24", "203.0.113.128/25"]),
-     ['ringtrain:cluster.publicAccessCidrs[1]: "203.0.113.128/25" is invalid: a CIDR that does not overlap '
+    ("public cidrs overlap", _set("cluster.publicAccessCidrs", ["52.94.0.0/22", "52.94.2.0/24"]),
+     ['ringtrain:cluster.publicAccessCidrs[1]: "52.94.2.0/24" is invalid: a CIDR that does not overlap '
       "cluster.publicAccessCidrs[0]"]),
+    # RFC 5737 documentation and RFC 1918 private ranges: no caller of a public endpoint comes from them.
+    *[(f"public cidr {cidr}", _set("cluster.publicAccessCidrs", ["52.94.0.0/22", cidr]),
+       [f'ringtrain:cluster.publicAccessCidrs[1]: "{cidr}" is invalid: your public egress CIDR',
+        "RFC 1918", "RFC 5737"])
+      for cidr in ("203.0.113.0/24", "198.51.100.7/32", "192.0.2.0/24", "10.0.0.0/8", "172.16.5.0/24",
+                   "192.168.1.10/32")],
     ("public cidr world", _set("cluster.publicAccessCidrs", ["0.0.0.0/0"]),
      ['ringtrain:cluster.publicAccessCidrs[0]: "0.0.0.0/0" is invalid: a specific CIDR (never 0.0.0.0/0']),
     ("gpu az outside region", _set("network.gpuAvailabilityZone", "us-west-2a"),
