@@ -187,11 +187,18 @@ class ShardedSampler:
 def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> int:
     import os
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["pack", "tokens"] or argv[:1] == ["tokenizer"]:  # the lm task's text path
+        from train.pack_tokens import main as text_main
+
+        return text_main(argv, prog)
     p = argparse.ArgumentParser(
         prog=prog, description="Datasets for the trainer's tasks.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"examples:\n  {prog} generate --out /tmp/ds --shards 4 --samples-per-shard 1024\n"
                f"  {prog} pack images --src photos/ --out s3://bucket/datasets/photos\n"
+               f"  {prog} tokenizer train --src corpus/ --vocab-size 32768 --out tokenizer.json\n"
+               f"  {prog} pack tokens --src corpus/ --tokenizer tokenizer.json --out s3://bucket/corpus\n"
                f"(`{prog} pack --help` says more)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="the demo task's dataset, to s3://bucket/prefix or a local directory")
