@@ -20,13 +20,16 @@ import io
 import json
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from train import checksum
 from train.errors import BadInput
 from train.storage import open_store
+
+if TYPE_CHECKING:  # imported where used: `pack tokens` spawns processes that import this module
+    import torch
 
 FORMAT = "ringtrain-shards/1"
 INPUT_SHAPE = (1, 8, 8)
@@ -129,11 +132,15 @@ def load(uri: str, endpoint_url: str | None = None) -> Dataset:
         ys.append(y)
     if not xs:
         raise BadInput(f"dataset {uri}: {INDEX} lists no shards")
+    import torch
+
     return Dataset(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)))
 
 
 def synthetic_batch(seed: int, rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One fixed random batch per worker, reused every step (what Horovod's synthetic benchmark times)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed * 100_003 + rank)
     x = torch.randn((batch_size, *INPUT_SHAPE), generator=g)
     y = torch.randint(0, NUM_CLASSES, (batch_size,), generator=g)

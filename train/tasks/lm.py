@@ -35,7 +35,8 @@ def shape_from_args(args: argparse.Namespace) -> gpt.Shape:
     if args.model_preset:
         return gpt.PRESETS[args.model_preset]
     d = DEFAULT_SHAPE
-    return gpt.Shape(args.layers or d.layers, args.heads or d.heads, args.dim or d.dim)
+    return gpt.Shape(*(default if value is None else value for value, default in
+                       ((args.layers, d.layers), (args.heads, d.heads), (args.dim, d.dim))))
 
 
 class LanguageModelTask(Task):
