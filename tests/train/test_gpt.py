@@ -1,11 +1,11 @@
-"""The lm task's model (train.gpt) and the GPU peak table for MFU (train.peak_flops)."""
+"""The lm task's model (train.gpt) and its throughput figures: tokens/s and MFU (train.throughput)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from train import gpt, peak_flops
+from train import gpt, throughput
 
 
 def _tiny(**kw) -> gpt.GPT:
@@ -64,4 +64,13 @@ def test_flops_per_token_is_six_n_plus_attention():
     ("NVIDIA A10", 125.0), ("NVIDIA A10G", None), ("Tesla T4", None),
 ])
 def test_the_peak_table_knows_the_gpus_it_cites(name, tflops):
-    assert peak_flops.peak_flops(name) == (None if tflops is None else tflops * 1e12)
+    assert throughput.peak_flops(name) == (None if tflops is None else tflops * 1e12)
+
+
+def test_tokens_per_sec_and_mfu_from_samples_per_sec():
+    rate = throughput.TokenRate(tokens_per_sample=1024, flops_per_token=6 * 124e6, peak=989.4e12)
+    record = rate.record(samples_per_sec=400.0, world_size=8)
+    assert record["tokens_per_sec"] == 409_600
+    assert record["mfu"] == pytest.approx(6 * 124e6 * 409_600 / 8 / 989.4e12)
+    assert "mfu" not in throughput.TokenRate(1024, 6e6, None).record(1.0, 1)  # a CPU: no MFU
+    assert throughput.TokenRate().record(1.0, 1) == {}  # a task counting no tokens

@@ -131,6 +131,15 @@ class LanguageModelTask(Task):
         return gpt.GPT(self.train_view.ds.index["vocab_size"], a.seq_len, shape_from_args(a), a.dropout,
                        activation_checkpointing=a.activation_checkpointing)
 
+    def parameter_groups(self, model, weight_decay):
+        return gpt.decay_groups(model, weight_decay)
+
+    def tokens_per_sample(self):
+        return self.args.seq_len  # the targets of a window of seq_len + 1
+
+    def flops_per_token(self, model):
+        return gpt.flops_per_token(model)
+
     def train_batches(self, position, rank, size):
         if self._stream is not None:
             self._stream.close()

@@ -1,4 +1,4 @@
-"""Peak dense bf16 tensor-core throughput per GPU, for model FLOPs utilisation (MFU).
+"""Tokens/s and model FLOPs utilisation (MFU) for tasks that count tokens, with the table of GPU peaks.
 
 MFU = achieved model FLOPs/s (FLOPs per token x tokens/s) over the hardware's peak (Chowdhery et al.
 2022, "PaLM", section 4.1 and Appendix B). The peaks are NVIDIA's published dense figures: the
@@ -7,6 +7,8 @@ can reach, so the dense figure is half of it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # (substrings of torch.cuda.get_device_name(), all required; dense bf16 TFLOPS; source). The first
 # match wins, so the more specific names come first.
@@ -36,3 +38,34 @@ def peak_flops(device_name: str) -> float | None:
 
 def mfu(flops_per_token: float, tokens_per_s_per_gpu: float, peak: float) -> float:
     return flops_per_token * tokens_per_s_per_gpu / peak
+
+
+@dataclass(frozen=True)
+class TokenRate:
+    """What turns samples/s into tokens/s and MFU: the task's tokens per sample and FLOPs per token, and
+    the GPU's peak (None on CPUs and unknown GPUs: no MFU). Empty for a task that counts no tokens."""
+
+    tokens_per_sample: int | None = None
+    flops_per_token: float | None = None
+    peak: float | None = None
+
+    @classmethod
+    def of(cls, task, model, device) -> TokenRate:
+        tokens = task.tokens_per_sample()
+        if tokens is None:
+            return cls()
+        name = None
+        if device.type == "cuda":
+            import torch
+
+            name = torch.cuda.get_device_name(device)
+        return cls(tokens, task.flops_per_token(model), peak_flops(name) if name else None)
+
+    def record(self, samples_per_sec: float, world_size: int) -> dict[str, float]:
+        """{"tokens_per_sec": all workers', "mfu": per GPU against its peak} (what applies)."""
+        if self.tokens_per_sample is None:
+            return {}
+        out = {"tokens_per_sec": samples_per_sec * self.tokens_per_sample}
+        if self.flops_per_token and self.peak:
+            out["mfu"] = mfu(self.flops_per_token, out["tokens_per_sec"] / world_size, self.peak)
+        return out
