@@ -3,12 +3,12 @@
     python -m cluster.example_data digits --out DIR   scikit-learn's 1797 handwritten digits (8x8 grayscale,
                                                       shipped inside the package) as DIR/<class>/<n>.png
     python -m cluster.example_data stdlib             the path of this Python's standard library source,
-                                                      a text corpus of several MB for `pack text --src`
+                                                      a text corpus of several MB
     python -m cluster.example_data stdlib-parquet --out DIR [--packages json email ...]
                                                       that source as Parquet, one row per file (columns
                                                       `path` and `text`), for `pack tokens --src DIR`
 
-Then `python -m train.data pack images|text ...` packs them into shards. This lives beside the cluster
+Then `python -m train.data pack images|tokens ...` packs them into shards. This lives beside the cluster
 tooling, not in train/: scikit-learn is needed where the data is prepared, not in the trainer's image.
 """
 

@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> i
     g.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None)
     k = sub.add_parser("pack", help="images (a class-per-folder tree) or text files -> shards with an index "
                                     "and checksums, for --task image / --task lm")
-    k.add_argument("kind", choices=("images", "text"))
+    k.add_argument("kind", choices=("images", "tokens"),
+                   help="images; tokens: a text corpus -> token shards for --task lm (`pack tokens --help`)")
     k.add_argument("--src", nargs="+", required=True,
                    help="images: the folder of class folders; text: files or folders "
                         "(*.py, *.txt, *.md, *.rst)")
@@ -224,8 +225,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> i
     k.add_argument("--eval-out", default=None, help="where the evaluation share goes (with --eval-fraction)")
     k.add_argument("--eval-fraction", type=float, default=0.0)
     k.add_argument("--samples-per-shard", type=int, default=1000)
-    k.add_argument("--seq-len", type=int, default=256,
-                   help="text: tokens per sample (each holds seq_len + 1)")
     k.add_argument("--seed", type=int, default=0, help="the shuffle before sharding and the evaluation split")
     k.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None)
     a = p.parse_args(argv)
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> i
             from train.pack import pack
 
             written = pack(a.kind, a.src, a.out, a.eval_out, a.eval_fraction, a.samples_per_shard, a.seed,
-                           a.seq_len, a.s3_endpoint_url)
+                           a.s3_endpoint_url)
             for uri, index in zip([a.out, a.eval_out], written, strict=False):
                 print(f"wrote {index['samples']} samples in {len(index['shards'])} shards to {uri}")
     except BadInput as e:
