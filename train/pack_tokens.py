@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -224,12 +225,14 @@ def pack_tokens(src: list[str], out: str, tokenizer_path: str, column: str = "te
         documents = 0
         pending: collections.deque = collections.deque()  # (text bytes, result) in corpus order
         shard_bytes = sum(2 * w.buffer.nbytes for w in writers)  # each buffer and its copy on the way out
-        spawn = multiprocessing.get_context("spawn")  # not fork: the parent may run threads (boto3, pyarrow)
-        with spawn.Pool(workers, _start_worker, (tokenizer_json, eod, dtype)) as pool:
+        # spawn, not fork: the parent may run threads (boto3, pyarrow). An executor, not a Pool: a worker
+        # that dies (or fails to start) breaks it with an error instead of being replaced forever.
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, spawn, _start_worker, (tokenizer_json, eod, dtype)) as pool:
             def collect() -> None:
                 nonlocal documents, held_max
                 _, result = pending.popleft()
-                toks, lengths = result.get()
+                toks, lengths = result.result()
                 # the batches in flight (their text, its copy in a worker) and the tokens just back
                 in_flight = sum(2 * size for size, _ in pending) + toks.nbytes + lengths.nbytes
                 held_max = max(held_max, shard_bytes + in_flight)
@@ -244,7 +247,7 @@ def pack_tokens(src: list[str], out: str, tokenizer_path: str, column: str = "te
             for batch in batches(text_source.corpus(sources, column), budget.batch_bytes):
                 size = sum(map(len, batch))
                 text_bytes += size
-                pending.append((size, pool.apply_async(encode, (batch,))))
+                pending.append((size, pool.submit(encode, batch)))
                 del batch
                 if len(pending) >= budget.in_flight:
                     collect()
