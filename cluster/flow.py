@@ -191,6 +191,13 @@ def format_summary(result: FlowResult) -> str:
             f"  samples/s          {num(s.samples_per_sec, '.1f')} (last attempt, {s.world_size} workers)",
             f"  checkpoints        {written} written{late}",
         ]
+        rate = s.throughput or {}
+        if "tokens_per_sec" in rate:  # a task that counts tokens (lm); MFU on GPUs
+            mfu = f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""
+            lines.append(f"  tokens/s           {rate['tokens_per_sec']:.0f}{mfu} (last attempt)")
+        if s.eval:  # the task's held-out metrics at the end: eval_loss, eval_perplexity, eval_top1, ...
+            lines.append("  evaluation         " + ", ".join(
+                f"{k.removeprefix('eval_')} {v:.4g}" for k, v in s.eval.items()))
     for i, a in enumerate(result.attempts, 1):
         where = a.summary.resumed_from_step if a.summary else None
         start = f"resumed from step {where}" if where is not None else "from scratch"

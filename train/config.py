@@ -18,7 +18,7 @@ from train.task import BUILTIN_TASKS, DEFAULT_TASK, Task, load_task
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 CPU_AFFINITIES = ("auto", "off")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 # How a checkpoint leaves the live tensors (train.checkpoint.writer), named as torchtitan names them.
 CHECKPOINT_MODES = ("async", "async_with_pinned_mem")
 # --nccl-algo: the value of NCCL_ALGO each choice sets. Without it NCCL picks per collective (ring, tree
@@ -148,7 +148,8 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
     p.add_argument("--lr-step-every", type=int, default=0, help="step schedule: steps between decays")
     p.add_argument("--lr-step-factor", type=float, default=0.1, help="step schedule: factor per decay")
     p.add_argument("--weight-decay", type=float, default=0.0,
-                   help="L2 weight decay (coupled, as torch's SGD)")
+                   help="weight decay: an L2 term with sgd and adam (coupled, as torch's), decoupled with "
+                        "adamw (Loshchilov & Hutter); a task may spare some parameters (lm: norms, biases)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default="synthetic", help="synthetic | s3://bucket/prefix | /local/dir")
     p.add_argument("--checkpoint-dir", default=None, help="s3://bucket/prefix or /local/dir")

@@ -20,13 +20,16 @@ import io
 import json
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from train import checksum
 from train.errors import BadInput
 from train.storage import open_store
+
+if TYPE_CHECKING:  # imported where used: `pack tokens` spawns processes that import this module
+    import torch
 
 FORMAT = "ringtrain-shards/1"
 INPUT_SHAPE = (1, 8, 8)
@@ -129,11 +132,15 @@ def load(uri: str, endpoint_url: str | None = None) -> Dataset:
         ys.append(y)
     if not xs:
         raise BadInput(f"dataset {uri}: {INDEX} lists no shards")
+    import torch
+
     return Dataset(torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)))
 
 
 def synthetic_batch(seed: int, rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One fixed random batch per worker, reused every step (what Horovod's synthetic benchmark times)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed * 100_003 + rank)
     x = torch.randn((batch_size, *INPUT_SHAPE), generator=g)
     y = torch.randint(0, NUM_CLASSES, (batch_size,), generator=g)
@@ -187,11 +194,18 @@ class ShardedSampler:
 def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> int:
     import os
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["pack", "tokens"] or argv[:1] == ["tokenizer"]:  # the lm task's text path
+        from train.pack_tokens import main as text_main
+
+        return text_main(argv, prog)
     p = argparse.ArgumentParser(
         prog=prog, description="Datasets for the trainer's tasks.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"examples:\n  {prog} generate --out /tmp/ds --shards 4 --samples-per-shard 1024\n"
                f"  {prog} pack images --src photos/ --out s3://bucket/datasets/photos\n"
+               f"  {prog} tokenizer train --src corpus/ --vocab-size 32768 --out tokenizer.json\n"
+               f"  {prog} pack tokens --src corpus/ --tokenizer tokenizer.json --out s3://bucket/corpus\n"
                f"(`{prog} pack --help` says more)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="the demo task's dataset, to s3://bucket/prefix or a local directory")
@@ -202,7 +216,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> i
     g.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None)
     k = sub.add_parser("pack", help="images (a class-per-folder tree) or text files -> shards with an index "
                                     "and checksums, for --task image / --task lm")
-    k.add_argument("kind", choices=("images", "text"))
+    k.add_argument("kind", choices=("images", "tokens"),
+                   help="images; tokens: a text corpus -> token shards for --task lm (`pack tokens --help`)")
     k.add_argument("--src", nargs="+", required=True,
                    help="images: the folder of class folders; text: files or folders "
                         "(*.py, *.txt, *.md, *.rst)")
@@ -210,8 +225,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> i
     k.add_argument("--eval-out", default=None, help="where the evaluation share goes (with --eval-fraction)")
     k.add_argument("--eval-fraction", type=float, default=0.0)
     k.add_argument("--samples-per-shard", type=int, default=1000)
-    k.add_argument("--seq-len", type=int, default=256,
-                   help="text: tokens per sample (each holds seq_len + 1)")
     k.add_argument("--seed", type=int, default=0, help="the shuffle before sharding and the evaluation split")
     k.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None)
     a = p.parse_args(argv)
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m train.data") -> i
             from train.pack import pack
 
             written = pack(a.kind, a.src, a.out, a.eval_out, a.eval_fraction, a.samples_per_shard, a.seed,
-                           a.seq_len, a.s3_endpoint_url)
+                           a.s3_endpoint_url)
             for uri, index in zip([a.out, a.eval_out], written, strict=False):
                 print(f"wrote {index['samples']} samples in {len(index['shards'])} shards to {uri}")
     except BadInput as e:

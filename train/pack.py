@@ -1,12 +1,11 @@
-"""Packing data into shards: `python -m train.data pack ...` (the data the tests and examples pack:
-scikit-learn's handwritten digits, written as an image folder by `python -m cluster.example_data
-digits`, and the Python standard library's own source as a text corpus).
+"""Packing images into shards: `python -m train.data pack images ...` (the data the tests and examples
+pack: scikit-learn's handwritten digits, written as an image folder by `python -m cluster.example_data
+digits`). Text goes to token shards instead: `pack tokens` (train/pack_tokens.py).
 
     python -m train.data pack images --src DIR --out URI   class-per-folder images -> image shards
-    python -m train.data pack text --src PATH... --out URI text files -> byte-token shards (seq_len + 1)
 
-Samples are shuffled (from --seed) before they are cut into shards, so every shard mixes classes
-and documents; --eval-out with --eval-fraction sets a random share aside as a separate dataset.
+Samples are shuffled (from --seed) before they are cut into shards, so every shard mixes classes;
+--eval-out with --eval-fraction sets a random share aside as a separate dataset.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ import numpy as np
 
 from train import shards
 from train.errors import BadInput
-
-TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 
 
 def image_folder(src: Path) -> tuple[list[str], list[tuple[Path, int]]]:
@@ -36,22 +33,6 @@ def image_folder(src: Path) -> tuple[list[str], list[tuple[Path, int]]]:
         raise BadInput(f"--src {src}: found {len(classes)} class folders and {len(files)} images "
                        f"({', '.join(IMAGE_EXTS)}); need at least 2 classes with images")
     return classes, files
-
-
-def text_tokens(sources: list[Path]) -> np.ndarray:
-    """The files' bytes, one after the other, as tokens (a byte-level vocabulary of 256: nothing to
-    download, nothing to train)."""
-    files = []
-    for src in sources:
-        if src.is_dir():
-            files += sorted(p for p in src.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
-        elif src.is_file():
-            files.append(src)
-        else:
-            raise BadInput(f"--src {src}: no such file or directory")
-    if not files:
-        raise BadInput(f"--src {' '.join(map(str, sources))}: no text files ({', '.join(TEXT_SUFFIXES)})")
-    return np.frombuffer(b"\n".join(f.read_bytes() for f in files), dtype=np.uint8)
 
 
 def _split(n: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,7 +52,7 @@ def _write(uri, samples: list, make, meta, samples_per_shard, endpoint_url, bar)
 
 
 def pack(kind: str, src: list[str], out: str, eval_out: str | None, eval_fraction: float,
-         samples_per_shard: int, seed: int, seq_len: int, endpoint_url: str | None) -> list[dict]:
+         samples_per_shard: int, seed: int, endpoint_url: str | None) -> list[dict]:
     from tqdm import tqdm
 
     if samples_per_shard < 1:
@@ -79,30 +60,16 @@ def pack(kind: str, src: list[str], out: str, eval_out: str | None, eval_fractio
     if not 0 <= eval_fraction < 1 or (eval_fraction > 0) != (eval_out is not None):
         raise BadInput(f"--eval-fraction {eval_fraction} with --eval-out {eval_out}: give both (fraction in "
                        "(0, 1)) or neither")
-    if kind == "images":
-        if len(src) != 1:
-            raise BadInput(f"--src: one image folder (class-per-folder), got {len(src)}")
-        classes, files = image_folder(Path(src[0]))
-        meta = {"kind": "image", "classes": classes}
-        n = len(files)
+    if len(src) != 1:
+        raise BadInput(f"--src: one image folder (class-per-folder), got {len(src)}")
+    classes, files = image_folder(Path(src[0]))
+    meta = {"kind": "image", "classes": classes}
+    n = len(files)
 
-        def make(i: int) -> dict:
-            path, label = files[i]
-            ext = path.suffix.lower().lstrip(".")
-            return {"__key__": f"{i:08d}", ext: path.read_bytes(), "cls": str(label).encode()}
-    else:
-        if seq_len < 1:
-            raise BadInput(f"--seq-len {seq_len}: must be >= 1")
-        tokens = text_tokens([Path(s) for s in src])
-        n = len(tokens) // (seq_len + 1)
-        if n < 1:
-            raise BadInput(f"--src: {len(tokens)} bytes of text, less than one sample of --seq-len "
-                           f"{seq_len} + 1")
-        meta = {"kind": "tokens", "tokenizer": "bytes", "vocab_size": 256, "seq_len": seq_len}
-        blocks = tokens[:n * (seq_len + 1)].reshape(n, seq_len + 1)
-
-        def make(i: int) -> dict:
-            return {"__key__": f"{i:08d}", "tokens": blocks[i].tobytes()}
+    def make(i: int) -> dict:
+        path, label = files[i]
+        ext = path.suffix.lower().lstrip(".")
+        return {"__key__": f"{i:08d}", ext: path.read_bytes(), "cls": str(label).encode()}
     train_idx, eval_idx = _split(n, eval_fraction, seed)
     written = []
     with tqdm(total=n, unit="sample", desc=f"pack {kind}", file=sys.stderr, mininterval=0.5) as bar:

@@ -70,6 +70,15 @@ class Store:
         """The object's bytes; FileNotFoundError when it does not exist."""
         raise NotImplementedError
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object (fewer where it ends sooner); FileNotFoundError when it
+        does not exist. One ranged GET on S3: a reader takes the parts it needs, not the object."""
+        raise NotImplementedError
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; FileNotFoundError when it does not exist."""
+        raise NotImplementedError
+
     def list(self, prefix: str = "") -> list[str]:
         """Every key under `prefix` (recursively), sorted."""
         raise NotImplementedError
@@ -135,6 +144,13 @@ class LocalStore(Store):
 
     def get(self, key: str) -> bytes:
         return self._path(key).read_bytes()
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            return os.pread(f.fileno(), max(end - start, 0), start)
+
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
 
     @contextlib.contextmanager
     def mapped_file(self, key: str, digest: Digest) -> Iterator[str]:
@@ -290,6 +306,18 @@ class S3Store(Store):
     def get(self, key: str) -> bytes:
         return self._call_missing(key, lambda: self._client.get_object(Bucket=self.bucket,
                                                                           Key=self._key(key))["Body"].read())
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        # An HTTP byte range is inclusive at both ends (RFC 9110 14.1.2), as S3's GetObject Range takes it:
+        # https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html#API_GetObject_RequestSyntax
+        return self._call_missing(key, lambda: self._client.get_object(
+            Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end - 1}")["Body"].read())
+
+    def size(self, key: str) -> int:
+        return int(self._call_missing(key, lambda: self._client.head_object(
+            Bucket=self.bucket, Key=self._key(key))["ContentLength"]))
 
     @contextlib.contextmanager
     def mapped_file(self, key: str, digest: Digest) -> Iterator[str]:

@@ -38,6 +38,8 @@ class RunSummary:
     cpu_affinity: list[int] | None           # rank 0's cores, as the trainer pinned them
     gradient_groups: int
     eval: dict[str, Any] | None              # the task's metrics at the last evaluation (None: none ran)
+    # tokens_per_sec (and on GPUs mfu) over the run's training time, for tasks that count tokens (lm)
+    throughput: dict[str, float] | None = None
 
     def record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -47,9 +49,10 @@ class RunSummary:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> RunSummary:
-        """A summary from its JSON record. Every field must be there; keys it does not know are left
-        out (a newer image's trainer may report more than this checkout reads)."""
-        names = [f.name for f in dataclasses.fields(cls)]
+        """A summary from its JSON record. Every field without a default must be there; keys it does not
+        know are left out (a newer image's trainer may report more than this checkout reads)."""
+        fields = dataclasses.fields(cls)
+        names = [f.name for f in fields if f.name in record or f.default is dataclasses.MISSING]
         missing = [n for n in names if n not in record]
         if missing:
             raise ValueError(f"summary lacks {missing}")

@@ -139,6 +139,19 @@ class Task:
     def build_model(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__}.build_model")
 
+    def parameter_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
+        """The optimizer's parameter groups (e.g. weight decay on some parameters only); by default one
+        group of every parameter, decayed by --weight-decay."""
+        return [{"params": list(model.parameters()), "weight_decay": weight_decay}]
+
+    def tokens_per_sample(self) -> int | None:
+        """Tokens one sample trains on, for a task that counts them (the trainer logs tokens/s)."""
+        return None
+
+    def flops_per_token(self, model: nn.Module) -> float | None:
+        """Training FLOPs per token (forward and backward), for model FLOPs utilisation on GPUs."""
+        return None
+
     def train_batches(self, position: dict | None, rank: int, size: int) -> Iterator[tuple[Any, dict]]:
         """Yield (batch, position after this batch) for worker `rank` of `size`, forever or until the
         data ends, starting at `position` (None: the beginning; otherwise a position this method

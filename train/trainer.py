@@ -32,6 +32,7 @@ from train.stop import StopRequest
 from train.stragglers import OwnTime, straggler_fields
 from train.summary import RunSummary
 from train.task import TaskContext, load_task, task_code
+from train.throughput import TokenRate
 from train.watchdog import Watchdog
 
 
@@ -140,7 +141,8 @@ class Trainer:
         self.memory_format = memory_format(self.model, self.on_gpu)
         self.model = self.model.to(memory_format=self.memory_format)
         named = list(self.model.named_parameters())
-        groups = [{"params": [p for _, p in named]}]
+        groups = self.task.parameter_groups(self.model, cfg.optim.weight_decay)
+        self.token_rate = TokenRate.of(self.task, self.model, self.device)
         # The step's stop vote and loss ride in the gradient allreduce: a two-element "parameter",
         # outside the model and the autograd graph, whose "gradient" is set to [stop flag / k, loss]
         # before each backward pass, which then hands it to DistributedOptimizer by calling the hook
@@ -166,6 +168,8 @@ class Trainer:
         if cfg.optim.name == "sgd":
             base = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
                                    weight_decay=cfg.optim.weight_decay)
+        elif cfg.optim.name == "adamw":
+            base = torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         else:
             base = torch.optim.Adam(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         compression = hvd.Compression.fp16 if cfg.horovod.compression == "fp16" else hvd.Compression.none
@@ -402,9 +406,10 @@ class Trainer:
                 per_rank = hvd.allgather(torch.tensor([own]), name="ringtrain.own_time").tolist()
         now = time.perf_counter()
         if self.log is not None:
+            rate = window.samples / max(now - window.since, 1e-9)
             self.log.log({
-                "step": progress.step, "loss": mean,
-                "samples_per_sec": window.samples / max(now - window.since, 1e-9),
+                "step": progress.step, "loss": mean, "samples_per_sec": rate,
+                **self.token_rate.record(rate, hvd.size()),  # tokens/s and MFU, for tasks counting tokens
                 "lr": self.optimizer.param_groups[0]["lr"], "world_size": hvd.size(),
                 # steps of the checkpoints taken since the previous record: the run report marks them
                 "checkpoints": self.checkpointer.take_steps(),
@@ -471,6 +476,8 @@ class Trainer:
             final_loss=final_loss,
             initial_loss=initial_loss,
             samples_per_sec=self.samples_total / self.train_time if self.train_time > 0 else 0.0,
+            throughput=self.token_rate.record(self.samples_total / self.train_time, hvd.size()) or None
+            if self.train_time > 0 else None,
             resumed_from_step=self.resumed_from_step,
             **self.checkpointer.summary_fields(),
             world_size=hvd.size(),

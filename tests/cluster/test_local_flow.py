@@ -178,6 +178,31 @@ def test_a_users_task_file_outside_the_repository_trains_through_ringtrain_run_a
     assert [m["eval_samples"] for m in records if "eval_samples" in m] == [128]
 
 
+def test_the_lm_example_trains_a_bpe_gpt_on_parquet_sourced_token_shards_and_resumes(tmp_path):
+    """`scripts/run --task lm` minus setup, shortened: the stdlib source as Parquet, a BPE trained on it,
+    token shards in the local store, a 2-layer GPT on 2 hosts, reclaimed mid-run and resumed; the loss
+    falls and the held-out perplexity is reported."""
+    _trainer_available()
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [RINGTRAIN, "run", "--task", "lm", "--job-name", "lm-e2e", "--steps", "30", "--batch-size", "8",
+         "--checkpoint-every", "10", "--reclaim-at-step", "12", "--no-progress", "--run-dir", str(run_dir),
+         "--", "--log-every", "5"],
+        cwd=REPO, env={**os.environ, **STEP_PACING}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = (run_dir / "summary.txt").read_text()
+    interrupted = re.search(r"attempt 1: from scratch, reached step (\d+), interrupted", summary)
+    assert interrupted and 12 <= int(interrupted.group(1)) < 30, summary
+    assert f"attempt 2: resumed from step {interrupted.group(1)}, reached step 30, exit 0" in summary, summary
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["loss"] for m in records if "loss" in m]
+    assert losses[-1] < losses[0] - 0.5, losses  # nats, from about ln(2048) = 7.6
+    assert all(m["tokens_per_sec"] == m["samples_per_sec"] * 128 for m in records if "loss" in m)
+    [held_out] = [m for m in records if "eval_perplexity" in m]
+    assert held_out["eval_tokens"] > 10_000 and held_out["eval_perplexity"] < 2048 / 2, held_out
+    assert re.search(r"evaluation         loss [\d.]+, perplexity [\d.]+, tokens \d+", summary), summary
+
+
 def test_ctrl_c_tears_everything_down():
     _trainer_available()
     proc = subprocess.Popen(

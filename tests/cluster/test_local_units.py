@@ -205,6 +205,13 @@ def test_format_summary_shows_loss_throughput_checkpoints_and_the_resume():
     assert "resumed from step 50" in text and "interrupted (resumable)" in text
     assert "host-1" in text.splitlines()[-1]
     assert r.resumed
+    assert "tokens/s" not in text and "evaluation" not in text  # the demo counts no tokens, evaluates nothing
+    a2.summary = dataclasses.replace(a2.summary, eval={"eval_loss": 4.8686, "eval_perplexity": 130.137},
+                                     throughput={"tokens_per_sec": 3596.8, "mfu": 0.412})
+    r.summary = a2.summary
+    text = format_summary(r)
+    assert "  tokens/s           3597, MFU 41.2% (last attempt)\n" in text
+    assert "  evaluation         loss 4.869, perplexity 130.1\n" in text
 
 
 # ---------------------------------------------------------------- CLI

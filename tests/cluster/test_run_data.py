@@ -55,8 +55,8 @@ def test_lm_without_data_trains_on_the_stdlib_source_with_a_small_decoder():
     job, opts = cli.job_from_args(a), cli.options_from_args(a)
     assert opts.dataset == TaskExample(LanguageModelTask.example())
     args = trainer_args_for(job, STORAGE, opts.dataset)
-    assert _value(args, "--data").endswith("/stdlib-seq128/train")
-    assert _value(args, "--eval-data").endswith("/stdlib-seq128/eval")
+    assert _value(args, "--data").endswith("/stdlib-bpe2048/train")
+    assert _value(args, "--eval-data").endswith("/stdlib-bpe2048/eval")
     cfg = parse_args(list(args))
     assert (cfg.task.args.dim, cfg.task.args.layers, cfg.optim.lr) == (32, 2, 0.002)  # the user's flags win
     assert "--lr" not in args  # only the user's --lr=0.002, not the example's as well
@@ -94,9 +94,16 @@ def test_the_examples_are_written_by_the_commands_that_pack_them(tmp_path):
     assert pack[1:6] == ["-m", "train.data", "pack", "images", "--src"]
     assert _value(pack, "--out") == uris.train and _value(pack, "--eval-out") == uris.eval
     text = TaskExample(LanguageModelTask.example())
-    [pack_text] = text.commands(text.uris(STORAGE), tmp_path)
-    sources = pack_text[pack_text.index("--src") + 1:pack_text.index("--out")]
-    assert sources and all(Path(s).is_dir() and Path(s).parent == stdlib_source() for s in sources)
+    uris = text.uris(STORAGE)
+    parquet, train_bpe, pack_tokens = text.commands(uris, tmp_path)
+    packages = parquet[parquet.index("--packages") + 1:]
+    assert packages and all((stdlib_source() / p).is_dir() for p in packages)
+    corpus = _value(parquet, "--out")
+    assert corpus.startswith(str(tmp_path))
+    assert train_bpe[3:5] == ["tokenizer", "train"] and _value(train_bpe, "--src") == corpus
+    assert pack_tokens[3:5] == ["pack", "tokens"] and _value(pack_tokens, "--src") == corpus
+    assert _value(pack_tokens, "--tokenizer") == _value(train_bpe, "--out")
+    assert _value(pack_tokens, "--out") == uris.train and _value(pack_tokens, "--eval-out") == uris.eval
 
 
 def test_a_task_of_the_users_own_with_an_example_trains_on_it_with_nothing_changed_in_cluster(tmp_path):
@@ -154,30 +161,29 @@ def test_a_task_file_relative_to_here_reaches_the_workers_as_an_absolute_path(tm
 
 def test_the_lm_example_is_written_once_into_the_store_and_reads_as_a_token_dataset(object_store, s3_bucket,
                                                                                      monkeypatch):
-    from train import shards
+    from train import tokens
 
     for name, value in object_store.env().items():  # what the workers get, to read it back here
         monkeypatch.setenv(name, value)
     storage = Storage(f"s3://{s3_bucket}/datasets/demo", f"s3://{s3_bucket}/checkpoints/j",
                       object_store.endpoint_url, object_store.env())
     full = LanguageModelTask.example()
-    [pack] = full.commands
-    sources = pack[pack.index("--src") + 1:pack.index("--out")]
-    small_pack = [*pack[:pack.index("--src") + 1], next(s for s in sources if s.endswith("/json")),
-                  *pack[pack.index("--out"):]]
-    small_pack[small_pack.index("--samples-per-shard") + 1] = "200"
-    small_pack[small_pack.index("--eval-fraction") + 1] = "0.1"
-    small = TaskExample(dataclasses.replace(full, commands=(tuple(small_pack),)))
+    parquet, train_bpe, pack = (list(c) for c in full.commands)
+    parquet[parquet.index("--packages") + 1:] = ["json"]  # one package, a 300-token BPE: a quick test
+    train_bpe[train_bpe.index("--vocab-size") + 1] = "300"
+    pack[pack.index("--eval-fraction") + 1] = "0.3"
+    pack[pack.index("--block-tokens") + 1] = "1024"
+    small = TaskExample(dataclasses.replace(full, commands=(tuple(parquet), tuple(train_bpe), tuple(pack))))
     said: list[str] = []
     assert ensure_dataset(storage, small, out=said.append) is True
     uris = small.uris(storage)
-    train = shards.open_dataset(uris.train, object_store.endpoint_url, "tokens")
-    held_out = shards.open_dataset(uris.eval, object_store.endpoint_url, "tokens")
-    assert train.index["seq_len"] == 128 and held_out.index["samples"] > 0
+    train = tokens.open_dataset(uris.train, object_store.endpoint_url)
+    held_out = tokens.open_dataset(uris.eval, object_store.endpoint_url)
+    assert train.index["vocab_size"] == 300 and held_out.index["tokens"] > 0
     assert ensure_dataset(storage, small, out=said.append) is False  # there already: not written again
     assert said[-1] == f"dataset already there: {uris.train} and {uris.eval}"
     assert json.loads(object_store.client().get_object(
-        Bucket=s3_bucket, Key="datasets/stdlib-seq128/train/index.json")["Body"].read())["kind"] == "tokens"
+        Bucket=s3_bucket, Key="datasets/stdlib-bpe2048/train/index.json")["Body"].read())["kind"] == "tokens"
 
 
 @pytest.mark.parametrize(("argv", "name"), [

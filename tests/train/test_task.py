@@ -154,6 +154,10 @@ def test_task_help_lists_the_tasks_flags(outside_task):
     (["--task", "image", "--loader-workers", "-1"], "--loader-workers -1: must be >= 0"),
     (["--task", "lm", "--dim", "30", "--heads", "4"], "--dim 30: must be a multiple of --heads 4"),
     (["--task", "lm", "--layers", "0"], "--layers 0: must be >= 1"),
+    (["--task", "lm", "--model-preset", "gpt2-small", "--dim", "64"],
+     "--model-preset gpt2-small sets the model's size: drop --dim"),
+    (["--task", "lm", "--model-preset", "gpt3"], "argument --model-preset: invalid choice: 'gpt3'"),
+    (["--task", "lm", "--seq-len", "0"], "--seq-len 0: must be >= 1"),
 ])
 def test_the_built_in_tasks_check_their_flags(argv, says):
     with pytest.raises(BadInput) as e:
@@ -163,7 +167,7 @@ def test_the_built_in_tasks_check_their_flags(argv, says):
 
 def test_lm_needs_packed_data_and_a_missing_dataset_is_one_message(tmp_path):
     r = run(train_cmd("--task", "lm"), timeout=120)
-    assert r.returncode == 2 and "--task lm reads pre-tokenized shards: give --data" in r.stderr
+    assert r.returncode == 2 and "--task lm reads token shards: give --data" in r.stderr
     (tmp_path / "empty").mkdir()
     r = run(train_cmd("--task", "image", "--data", str(tmp_path / "empty")), timeout=120)
     assert r.returncode == 2

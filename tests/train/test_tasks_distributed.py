@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 
-from cluster.example_data import stdlib_source
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.train.proc import (
     finish,
@@ -22,7 +21,7 @@ from tests.train.proc import (
     wait_for,
     worker_env,
 )
-from train import shards
+from train import tokens
 from train.summary import parse_summary
 
 pytestmark = pytest.mark.slow
@@ -51,14 +50,19 @@ def digits_on_s3(store_env, tmp_path_factory, object_store):
 
 
 @pytest.fixture(scope="module")
-def stdlib_on_s3(store_env):
-    stdlib = stdlib_source()
-    r = run([sys.executable, "-m", "train.data", "pack", "text",
-             "--src", *(f"{stdlib}/{p}" for p in STDLIB_PACKAGES),
-             "--out", "s3://tasks/stdlib/train", "--eval-out", "s3://tasks/stdlib/eval",
-             "--eval-fraction", "0.02", "--seq-len", "64", "--samples-per-shard", "400"],
-            env=worker_env(store_env))
-    assert r.returncode == 0, r.stderr
+def stdlib_on_s3(store_env, tmp_path_factory):
+    """The json and email packages as Parquet, a 512-token BPE trained on them, their token shards."""
+    scratch = tmp_path_factory.mktemp("stdlib")
+    for cmd in (["cluster.example_data", "stdlib-parquet", "--out", f"{scratch}/pq", "--packages",
+                 *STDLIB_PACKAGES],
+                ["train.data", "tokenizer", "train", "--src", f"{scratch}/pq", "--vocab-size", "512",
+                 "--out", f"{scratch}/tokenizer.json"],
+                ["train.data", "pack", "tokens", "--src", f"{scratch}/pq",
+                 "--tokenizer", f"{scratch}/tokenizer.json", "--out", "s3://tasks/stdlib/train",
+                 "--eval-out", "s3://tasks/stdlib/eval",
+                 "--eval-fraction", "0.05", "--block-tokens", "2048", "--shard-mb", "0.25"]):
+        r = run([sys.executable, "-m", *cmd], env=worker_env(store_env))
+        assert r.returncode == 0, r.stderr
     return "s3://tasks/stdlib"
 
 
@@ -115,65 +119,73 @@ def test_image_task_on_two_workers_resumes_with_the_same_losses_bit_for_bit(digi
     assert s2.eval == s_ref.eval
 
 
-def test_lm_task_on_two_workers_resumes_and_its_loss_and_perplexity_fall(stdlib_on_s3, store_env, tmp_path):
+def test_lm_task_on_two_workers_resumes_bit_for_bit_and_its_loss_and_perplexity_fall(stdlib_on_s3, store_env,
+                                                                                      tmp_path):
     steps = 30
     common = ("--task", "lm", "--data", f"{stdlib_on_s3}/train", "--eval-data", f"{stdlib_on_s3}/eval",
-              "--layers", "1", "--heads", "2", "--dim", "32", "--batch-size", "16", "--optimizer", "adam",
-              "--lr", "0.002", "--steps", str(steps), "--log-every", "1", "--checkpoint-every", "5",
-              "--eval-every", "15", "--checkpoint-dir", "s3://tasks/ck/lm", "--cpu-affinity", "off")
+              "--layers", "1", "--heads", "2", "--dim", "32", "--seq-len", "64", "--batch-size", "16",
+              "--optimizer", "adam", "--lr", "0.004", "--warmup-steps", "5", "--lr-schedule", "cosine",
+              "--steps", str(steps), "--log-every", "1", "--checkpoint-every", "5", "--eval-every", "15",
+              "--cpu-affinity", "off")
+    ref_metrics = tmp_path / "ref.jsonl"
+    ref = run(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/lm-ref",
+                             "--metrics-file", str(ref_metrics)), env=worker_env(store_env), timeout=400)
+    assert ref.returncode == 0, ref.stdout[-4000:]
     metrics = tmp_path / "m.jsonl"
-    proc = start(horovodrun_cmd(2, *common, "--metrics-file", str(metrics)),
+    proc = start(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/lm",
+                                "--metrics-file", str(metrics)),
                  env=worker_env({**store_env, "RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"}))
     s = _stop_one_worker_at(proc, metrics, 8)
-    resumed = run(horovodrun_cmd(2, *common, "--metrics-file", str(metrics)), env=worker_env(store_env),
-                  timeout=400)
+    resumed = run(horovodrun_cmd(2, *common, "--checkpoint-dir", "s3://tasks/ck/lm",
+                                 "--metrics-file", str(metrics)), env=worker_env(store_env), timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     s2 = parse_summary(resumed.stdout)
     assert s2.resumed_from_step == s.steps and s2.steps == steps and s2.world_size == 2
     losses = _losses(metrics)
+    assert losses == _losses(ref_metrics)  # every step's loss, before the stop and after, to the bit
+    assert s2.eval == parse_summary(ref.stdout).eval
     first, last = (np.mean([losses[k] for k in ks]) for ks in (range(1, 6), range(steps - 4, steps + 1)))
-    assert last < 0.7 * first, losses
+    assert last < first - 0.5, losses  # nats: from ln(512) = 6.24, a uniform guess
     evals = [rec for rec in map(json.loads, metrics.read_text().splitlines()) if "eval_perplexity" in rec]
     assert [e["step"] for e in evals] == [15, 30]
     assert evals[1]["eval_perplexity"] < evals[0]["eval_perplexity"]
-    assert evals[1]["eval_perplexity"] < 256  # better than a uniform guess over the byte vocabulary
+    assert evals[1]["eval_perplexity"] < 512 / 2  # better than a uniform guess over the vocabulary
 
 
 def _peak_rss_kb(args: list[str], env: dict) -> tuple[int, dict]:
-    """One worker's peak resident memory (ru_maxrss of its own process) and its summary."""
-    code = ("import resource, sys; from train.__main__ import main; rc = main(sys.argv[1:]); "
-            "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True); "
-            "sys.exit(rc)")
+    """One worker's peak resident memory and its summary. VmHWM, the peak of this process's own memory:
+    ru_maxrss is carried across execve from the forking process (getrusage(2)), here pytest's."""
+    code = ("import sys; from train.__main__ import main; rc = main(sys.argv[1:]); "
+            "print('PEAK_RSS_KB', next(ln.split()[1] for ln in open('/proc/self/status') "
+            "if ln.startswith('VmHWM')), flush=True); sys.exit(rc)")
     r = run([sys.executable, "-c", code, "--no-progress", *args], env=worker_env(env), timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     peak = int(next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("PEAK_RSS_KB")))
     return peak, parse_summary(r.stdout)
 
 
-def test_a_workers_memory_does_not_grow_with_the_number_of_shards(tmp_path):
-    # 10 and 100 shards of ~0.3 MB (300 samples of 8+1 byte tokens each, 1 kB with their tar header
-    # and padding): the 100-shard run reads 30 MB it could not keep in memory without showing it.
+def test_a_workers_memory_does_not_grow_with_the_number_of_blocks(tmp_path):
+    # 10 and 100 blocks of 0.3 MB (75 k uint32 tokens, 293 windows of 255 + 1): a block a step, so the
+    # 100-block run reads 30 MB it could not keep in memory without showing it. (A vocabulary of 16 and
+    # a width of 4 keep the 75 k tokens a step cheap.)
     rng = np.random.default_rng(0)
-    per_shard, seq = 300, 8
-
-    def samples(n_shards):
-        for s in range(n_shards):
-            block = rng.integers(0, 256, (per_shard, seq + 1), dtype=np.uint8)
-            yield [{"__key__": f"{s:04d}{i:04d}", "tokens": block[i].tobytes()} for i in range(per_shard)]
-
-    meta = {"kind": "tokens", "tokenizer": "bytes", "vocab_size": 256, "seq_len": seq}
+    block, seq, windows = 75_000, 255, 293
     peaks = {}
     for n in (10, 100):
-        uri = str(tmp_path / f"s{n}")
-        index = shards.write_dataset(uri, samples(n), meta)
-        assert sum(s["bytes"] for s in index["shards"]) > n * 300_000
-        # a whole shard a step, so the 100-shard run streams all of its shards
-        peaks[n], summary = _peak_rss_kb(["--task", "lm", "--data", uri, "--layers", "1", "--heads", "1",
-                                          "--dim", "8", "--batch-size", str(per_shard), "--steps", "100",
-                                          "--readahead-shards", "2"], {})
+        uri = tmp_path / f"s{n}"
+        uri.mkdir()
+        values = rng.integers(0, 16, n * block, dtype=np.uint32)
+        data, entry = tokens.shard_entry(tokens.shard_name(0), values, block)
+        (uri / entry["name"]).write_bytes(data)
+        (uri / tokens.INDEX).write_text(json.dumps({
+            "format": tokens.FORMAT, "kind": "tokens", "dtype": "uint32", "vocab_size": 16, "eod_token": 0,
+            "block_tokens": block, "tokens": n * block, "documents": n, "shards": [entry]}))
+        peaks[n], summary = _peak_rss_kb(["--task", "lm", "--data", str(uri), "--layers", "1", "--heads", "1",
+                                          "--dim", "4", "--seq-len", str(seq), "--batch-size", str(windows),
+                                          "--steps", "100", "--readahead-blocks", "2"], {})
         assert summary.steps == 100
-    # Streaming holds the shard being read, two read ahead and the one being consumed (~4 x 0.3 MB,
-    # plus their samples unpacked); the margin, 8 MB, is under a third of what holding the 90 extra
-    # shards' 27 MB (as bytes alone, before unpacking) would add.
+    # Streaming holds the block being read, two read ahead and the one being consumed (~4 x 0.3 MB, plus
+    # their windows as a batch); the margin, 8 MB, is under a third of what holding the 90 extra blocks'
+    # 27 MB would add.
     print(peaks)
     assert peaks[100] - peaks[10] < 8_000, peaks

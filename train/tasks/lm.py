@@ -1,146 +1,170 @@
-"""The built-in `lm` task: a GPT-style decoder over pre-tokenized shards, evaluated by perplexity.
+"""The built-in `lm` task: a GPT over token shards, evaluated by held-out loss and perplexity.
 
-    python -m train.data pack text --src "$(python -m cluster.example_data stdlib)" \
-        --out s3://bucket/stdlib/train --eval-out s3://bucket/stdlib/eval --eval-fraction 0.02 --seq-len 128
-    python -m train --task lm --data s3://bucket/stdlib/train --eval-data s3://bucket/stdlib/eval \
-        --layers 4 --heads 4 --dim 256 --lr-schedule cosine --warmup-steps 50 --optimizer adam --lr 3e-4
+    ringtrain data tokenizer train --src corpus/ --column text --vocab-size 32768 --out tokenizer.json
+    ringtrain data pack tokens --src corpus/ --column text --tokenizer tokenizer.json \
+        --out s3://bucket/corpus/train --eval-out s3://bucket/corpus/eval --eval-fraction 0.001
+    python -m train --task lm --data s3://bucket/corpus/train --eval-data s3://bucket/corpus/eval \
+        --model-preset gpt2-small --seq-len 1024 --optimizer adamw --weight-decay 0.1 --lr 6e-4 \
+        --lr-schedule cosine --warmup-steps 700 --precision bf16 --backward-passes-per-step 8
 
-The model is built from its flags (nothing is downloaded): token and position embeddings, pre-norm
-transformer blocks with causal self-attention, the output layer tied to the token embedding. The
-tokens are bytes (a vocabulary of 256, as `pack text` writes them, one byte per token in a sample's
-`tokens` file); each sample holds seq_len + 1 tokens, the model predicts tokens 1..n from 0..n-1.
-Decoding a sample is a copy, so the shard stream (train.shards) feeds the training process directly,
-without DataLoader workers.
+The model (train.gpt) is a preset from GPT-2's published sizes or --layers/--heads/--dim, its
+vocabulary the tokenizer's (the dataset's index), its context --seq-len. Samples are windows of
+seq_len + 1 tokens read by each worker from its own blocks of the token shards (train.tokens: byte
+ranges, each verified against its checksum); a window is tokens 0..n, the model predicts 1..n from
+0..n-1. Batches are int64 tensors ready for the embedding, so the stream feeds the training process
+directly, without DataLoader workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sysconfig
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train import shards
+from train import gpt, tokens
 from train.errors import BadInput
 from train.task import Example, Task
 
-
-class Decoder(nn.Module):
-    def __init__(self, vocab_size: int, seq_len: int, dim: int, layers: int, heads: int, dropout: float):
-        super().__init__()
-        self.tokens = nn.Embedding(vocab_size, dim)
-        self.positions = nn.Embedding(seq_len, dim)
-        block = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout, activation="gelu", batch_first=True,
-                                           norm_first=True)
-        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-        self.head.weight = self.tokens.weight  # tied, as GPT-2
-        for emb in (self.tokens, self.positions):
-            nn.init.normal_(emb.weight, std=0.02)  # GPT-2's scale: N(0, 1) logits would start near 30 nats
-        causal = nn.Transformer.generate_square_subsequent_mask(seq_len)
-        self.register_buffer("causal", causal, persistent=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        n = idx.shape[1]
-        h = self.tokens(idx) + self.positions(torch.arange(n, device=idx.device))
-        h = self.blocks(h, mask=self.causal[:n, :n], is_causal=True)
-        return self.head(self.norm(h))
+DEFAULT_SHAPE = gpt.Shape(layers=4, heads=4, dim=256)
 
 
-def decode_tokens(sample: dict) -> torch.Tensor:
-    data = sample.get("tokens")
-    if data is None:
-        raise BadInput(f"sample {sample.get('__key__')} in shard {sample.get('__url__')} has no tokens")
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+def shape_from_args(args: argparse.Namespace) -> gpt.Shape:
+    if args.model_preset:
+        return gpt.PRESETS[args.model_preset]
+    d = DEFAULT_SHAPE
+    return gpt.Shape(*(default if value is None else value for value, default in
+                       ((args.layers, d.layers), (args.heads, d.heads), (args.dim, d.dim))))
 
 
 class LanguageModelTask(Task):
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--layers", type=int, default=4)
-        parser.add_argument("--heads", type=int, default=4)
-        parser.add_argument("--dim", type=int, default=256, help="model width (a multiple of --heads)")
+        parser.add_argument("--model-preset", choices=tuple(gpt.PRESETS), default=None,
+                            help="GPT-2's published sizes (small 124 M, medium 350 M, large 774 M, xl 1.5 B "
+                                 "with its 50 k vocabulary); otherwise --layers/--heads/--dim")
+        d = DEFAULT_SHAPE
+        parser.add_argument("--layers", type=int, default=None, help=f"blocks (default {d.layers})")
+        parser.add_argument("--heads", type=int, default=None, help=f"attention heads (default {d.heads})")
+        parser.add_argument("--dim", type=int, default=None,
+                            help=f"model width, a multiple of --heads (default {d.dim})")
+        parser.add_argument("--seq-len", type=int, default=256, help="context: tokens per sample")
         parser.add_argument("--dropout", type=float, default=0.0)
-        parser.add_argument("--eval-data", default=None, help="packed evaluation text (perplexity)")
-        parser.add_argument("--readahead-shards", type=int, default=2, help="shards fetched ahead per worker")
+        parser.add_argument("--activation-checkpointing", action="store_true",
+                            help="recompute each block's activations in the backward pass (less memory, "
+                                 "about a third more compute)")
+        parser.add_argument("--compile", action="store_true", help="run the model through torch.compile")
+        parser.add_argument("--eval-data", default=None, help="held-out token shards (loss, perplexity)")
+        parser.add_argument("--readahead-blocks", type=int, default=4, help="blocks fetched ahead per worker")
 
     @classmethod
     def check_arguments(cls, args: argparse.Namespace) -> list[str]:
-        problems = [f"{flag} {value}: must be >= 1" for flag, value in
-                    (("--layers", args.layers), ("--heads", args.heads), ("--dim", args.dim),
-                     ("--readahead-shards", args.readahead_shards)) if value < 1]
-        if args.heads >= 1 and args.dim % args.heads:
-            problems.append(f"--dim {args.dim}: must be a multiple of --heads {args.heads}")
+        problems = []
+        if args.model_preset:
+            given = [f for f, v in (("--layers", args.layers), ("--heads", args.heads), ("--dim", args.dim))
+                     if v is not None]
+            if given:
+                problems.append(f"--model-preset {args.model_preset} sets the model's size: drop "
+                                f"{', '.join(given)} (or the preset)")
+        shape = shape_from_args(args)
+        problems += [f"{flag} {value}: must be >= 1" for flag, value in
+                     (("--layers", shape.layers), ("--heads", shape.heads), ("--dim", shape.dim),
+                      ("--seq-len", args.seq_len), ("--readahead-blocks", args.readahead_blocks))
+                     if value < 1]
+        if shape.heads >= 1 and shape.dim % shape.heads:
+            problems.append(f"--dim {shape.dim}: must be a multiple of --heads {shape.heads}")
         if not 0.0 <= args.dropout < 1.0:
             problems.append(f"--dropout {args.dropout}: must be in [0, 1)")
         return problems
 
     @classmethod
     def example(cls) -> Example:
-        """A few packages of this Python's standard library source as byte-token shards: about 2.7 MB,
-        21 k samples of 128 + 1 bytes (the whole library would be ~10x that, for no better example),
-        with a small decoder."""
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        """Seven packages of this Python's standard library source (about 2.7 MB of text) written as
+        Parquet, a 2,048-token byte-level BPE trained on it, token shards in blocks of 8,192 tokens (~100
+        blocks of 63 windows of 128 + 1 for the workers to share), and a small GPT: the path a user's
+        corpus takes, at the size of an example."""
         packages = ("asyncio", "email", "json", "http", "logging", "unittest", "xml")
-        sources = tuple(str(stdlib / p) for p in packages)
+        corpus, tokenizer_json = "{scratch}/stdlib-parquet", "{scratch}/tokenizer.json"
         return Example(
-            "stdlib-seq128", "the Python standard library's source, packed as byte tokens",
-            (("{python}", "-m", "train.data", "pack", "text", "--src", *sources, "--out", "{train}",
-              "--eval-out", "{eval}", "--eval-fraction", "0.02", "--seq-len", "128",
-              "--samples-per-shard", "1000"),),
-            (("--layers", "2"), ("--heads", "4"), ("--dim", "64"), ("--optimizer", "adam"),
-             ("--lr", "0.001")))
+            "stdlib-bpe2048", "the Python standard library's source as Parquet, packed as tokens of a "
+            "2,048-token BPE trained on it",
+            (("{python}", "-m", "cluster.example_data", "stdlib-parquet", "--out", corpus, "--packages",
+              *packages),
+             ("{python}", "-m", "train.data", "tokenizer", "train", "--src", corpus, "--column", "text",
+              "--vocab-size", "2048", "--out", tokenizer_json),
+             ("{python}", "-m", "train.data", "pack", "tokens", "--src", corpus, "--column", "text",
+              "--tokenizer", tokenizer_json, "--out", "{train}", "--eval-out", "{eval}", "--eval-fraction",
+              "0.05", "--block-tokens", "8192", "--shard-mb", "1", "--memory-mb", "256")),
+            (("--layers", "2"), ("--heads", "4"), ("--dim", "64"), ("--seq-len", "128"),
+             ("--optimizer", "adam"), ("--lr", "0.001")))
 
-    train_set: shards.ShardedDataset | None = None
-    eval_set: shards.ShardedDataset | None = None
-    _stream: shards.ShardStream | None = None
+    train_view: tokens.WindowView | None = None
+    eval_view: tokens.WindowView | None = None
+    _stream: tokens.WindowStream | None = None
+    _forward = None
 
     def prepare(self, rank: int, size: int) -> None:
-        ctx = self.ctx
+        ctx, a = self.ctx, self.args
         if ctx.data == "synthetic":
-            raise BadInput("--task lm reads pre-tokenized shards: give --data (written by "
-                           "`python -m train.data pack text ...`)")
-        self.train_set = shards.open_dataset(ctx.data, ctx.s3_endpoint_url, "tokens")
-        shards.check_fits(self.train_set, ctx.batch_size, size)
-        if self.args.eval_data:
-            self.eval_set = shards.open_dataset(self.args.eval_data, ctx.s3_endpoint_url, "tokens")
-            theirs, ours = (self.eval_set.index["seq_len"], self.eval_set.index["vocab_size"]), self._shape()
+            raise BadInput("--task lm reads token shards: give --data (written by `ringtrain data pack "
+                           "tokens --src ... --tokenizer ... --out ...`)")
+        self.train_view = tokens.open_dataset(ctx.data, ctx.s3_endpoint_url).windows(a.seq_len)
+        tokens.check_fits(self.train_view, ctx.batch_size, size)
+        if a.eval_data:
+            self.eval_view = tokens.open_dataset(a.eval_data, ctx.s3_endpoint_url).windows(a.seq_len)
+            theirs, ours = (self._vocab(self.eval_view), self._vocab(self.train_view))
             if theirs != ours:
-                raise BadInput(f"--eval-data {self.args.eval_data}: seq_len/vocab_size {theirs}, "
-                               f"--data has {ours}")
+                raise BadInput(f"--eval-data {a.eval_data}: vocabulary/end-of-document token {theirs}, "
+                               f"--data has {ours} (pack both with the same tokenizer)")
+            if not any(s["samples"] for s in self.eval_view.shards):
+                raise BadInput(f"--eval-data {a.eval_data}: no block holds a window of --seq-len "
+                               f"{a.seq_len}")
 
-    def _shape(self) -> tuple[int, int]:
-        return self.train_set.index["seq_len"], self.train_set.index["vocab_size"]
+    @staticmethod
+    def _vocab(view: tokens.WindowView) -> tuple[int, int]:
+        return view.ds.index["vocab_size"], view.ds.index["eod_token"]
 
     def build_model(self) -> nn.Module:
-        seq_len, vocab = self._shape()
         a = self.args
-        return Decoder(vocab, seq_len, a.dim, a.layers, a.heads, a.dropout)
+        return gpt.GPT(self.train_view.ds.index["vocab_size"], a.seq_len, shape_from_args(a), a.dropout,
+                       activation_checkpointing=a.activation_checkpointing)
+
+    def parameter_groups(self, model, weight_decay):
+        return gpt.decay_groups(model, weight_decay)
+
+    def tokens_per_sample(self):
+        return self.args.seq_len  # the targets of a window of seq_len + 1
+
+    def flops_per_token(self, model):
+        return gpt.flops_per_token(model)
 
     def train_batches(self, position, rank, size):
         if self._stream is not None:
             self._stream.close()
-        self._stream = shards.ShardStream(self.train_set, self.ctx.seed, self.ctx.batch_size, rank, size,
-                                          position, readahead=self.args.readahead_shards)
-        for samples, after in self._stream:
-            yield torch.stack([decode_tokens(s) for s, _ in samples]), after
+        self._stream = tokens.WindowStream(self.train_view, self.ctx.seed, self.ctx.batch_size, rank, size,
+                                           position, readahead=self.args.readahead_blocks)
+        for batch, after in self._stream:
+            yield torch.from_numpy(batch), after
+
+    def _logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        if self._forward is None or self._forward[0] is not model:
+            # compiled once per model object; the model's own parameters and state_dict stay as they are
+            self._forward = (model, torch.compile(model) if self.args.compile else model)
+        return self._forward[1](inputs)
 
     def loss(self, model, batch):
-        logits = model(batch[:, :-1])
+        logits = self._logits(model, batch[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1))
 
     def eval_batches(self, rank, size):
-        return None if self.eval_set is None else self._eval_batches(rank, size)
+        return None if self.eval_view is None else self._eval_batches(rank, size)
 
     def _eval_batches(self, rank, size):
         batch = []
-        for sample in shards.eval_samples(self.eval_set, rank, size):
-            batch.append(decode_tokens(sample))
+        for window in tokens.eval_windows(self.eval_view, rank, size):
+            batch.append(torch.from_numpy(window.astype("int64")))
             if len(batch) == self.ctx.batch_size:
                 yield torch.stack(batch)
                 batch = []
