@@ -47,7 +47,7 @@ from cluster.recovery import FailureCost, Next, decide, failure_cost, last_step
 from cluster.run_data import Dataset, DatasetSpec, given
 from train import stragglers
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, MANIFEST, step_dir
-from train.summary import RunSummary
+from train.summary import RunSummary, format_eval
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,12 +195,13 @@ def format_summary(result: FlowResult) -> str:
         if "tokens_per_sec" in rate:  # a task that counts tokens (lm); MFU on GPUs
             mfu = f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""
             lines.append(f"  tokens/s           {rate['tokens_per_sec']:.0f}{mfu} (last attempt)")
-        if s.eval:  # the task's held-out metrics at the end: eval_loss, eval_perplexity, eval_top1, ...
-            lines.append("  evaluation         " + ", ".join(
-                f"{k.removeprefix('eval_')} {v:.4g}" for k, v in s.eval.items()))
+        evaluation = format_eval(s.eval)
+        if evaluation:
+            lines.append(f"  evaluation         {evaluation} (step {s.steps})")
+        if s.export:
+            lines.append(f"  export             {s.export}")
     for i, a in enumerate(result.attempts, 1):
-        where = a.summary.resumed_from_step if a.summary else None
-        start = f"resumed from step {where}" if where is not None else "from scratch"
+        start = attempt_start(a.summary)
         end = ("interrupted (resumable)" if a.exit_code == EXIT_INTERRUPTED_RESUMABLE
                else f"exit {a.exit_code}")
         reached = a.summary.steps if a.summary else last_step(a.metrics)
@@ -230,6 +231,21 @@ def format_summary(result: FlowResult) -> str:
     if result.message:
         lines.append(f"  {result.message}")
     return "\n".join(lines)
+
+
+def attempt_start(summary: RunSummary | None) -> str:
+    """Where an attempt started: a checkpoint (which wins over --init-from), --init-from's weights or
+    scratch (pure)."""
+    where = summary.resumed_from_step if summary else None
+    init = summary.init_from if summary else None
+    if where is not None:
+        return f"resumed from step {where}" + (f" (a resume wins over --init-from {init['uri']})"
+                                               if init else "")
+    if init and init.get("applied", True):
+        skipped = [f"{len(init[k])} {k}" for k in ("missing", "unexpected", "mismatched") if init.get(k)]
+        return (f"initialized from {init['uri']} ({init['loaded']} tensors"
+                + (f"; {', '.join(skipped)} key(s) left as built" if skipped else "") + ")")
+    return "from scratch"
 
 
 def ensure_dataset(storage: Storage, dataset: Dataset, out: Callable[[str], None] = print,
