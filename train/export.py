@@ -241,3 +241,34 @@ def load_export(uri: str, endpoint_url: str | None = None, device: str | torch.d
     model = task.build_model()
     model.load_state_dict(state, strict=True)
     return Exported(model=model.to(device).eval(), record=record, task=task)
+
+
+# ---- after the fact: from a checkpoint ------------------------------------------------------------
+CHECKPOINT_KEY = "export"  # the model.json record (without weights) the trainer saves in each checkpoint
+
+
+def export_checkpoint(checkpoint_uri: str, export_uri: str, step: int | None = None,
+                      endpoint_url: str | None = None) -> dict:
+    """Export checkpoint `step` (None: the newest that verifies) of the checkpoints at `checkpoint_uri`.
+    BadInput when there is none, it does not verify, or it predates exports (no model record)."""
+    from train import checkpoint as ckpt
+
+    store = open_store(checkpoint_uri, endpoint_url)
+    store.check(create=False)
+    checkpoints = ckpt.CheckpointStore(store, keep=1)
+    if step is None:
+        found = checkpoints.latest_valid()
+        if found is None:
+            raise BadInput(f"{checkpoint_uri}: no checkpoint that verifies")
+    else:
+        try:
+            found = checkpoints.read(step)
+        except ValueError as why:
+            steps = checkpoints.valid_steps()
+            raise BadInput(f"{checkpoint_uri}: checkpoint step {step} is not usable ({why}); "
+                           f"steps there: {', '.join(map(str, steps)) or 'none'}") from None
+    record = found.state.get(CHECKPOINT_KEY)
+    if not isinstance(record, dict):
+        raise BadInput(f"{checkpoint_uri}: checkpoint step {found.step} holds no model record (written "
+                       "by a trainer from before exports); export from a newer run's checkpoint")
+    return write_export(export_uri, found.state["model"], {**record, "step": found.step}, endpoint_url)
