@@ -98,6 +98,17 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class WeightsConfig:
+    """Where the model's weights come from and go to, besides checkpoints (train/init_from.py,
+    train/export.py)."""
+
+    init_from: str | None = None  # safetensors / state_dict file or an export, local or s3://
+    init_partial: bool = False    # load what fits, report the rest (a new head)
+    export_dir: str | None = None  # None: exports/<job> beside checkpoints/<job>, if in that layout
+    export: bool = True
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 100
     seed: int = 0
@@ -112,6 +123,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -207,6 +219,18 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
                         "bandwidth (nccl-tests' busbw) is below this many GB/s; unset: report only")
     p.add_argument("--preflight-mib", type=float, default=None,
                    help="preflight: MiB per allreduce (default 2048 on GPUs, 2 on CPUs)")
+    p.add_argument("--init-from", default=None,
+                   help="start from these weights: a safetensors file, a torch state_dict file or an "
+                        "export (s3://... or a local path); strict unless --init-partial. A resume from a "
+                        "checkpoint wins over it")
+    p.add_argument("--init-partial", action="store_true",
+                   help="with --init-from: load the keys that fit, report the missing, unexpected and "
+                        "mismatched ones (e.g. a new classifier head)")
+    p.add_argument("--export-dir", default=None,
+                   help="where rank 0 writes the model at the end (model.safetensors + model.json): "
+                        "s3://bucket/prefix or a directory (default: exports/<job> beside --checkpoint-dir's "
+                        "checkpoints/<job>)")
+    p.add_argument("--no-export", action="store_true", help="write no export at the end")
     if task_cls is not None:
         try:
             task_cls.add_arguments(p.add_argument_group(f"task {task}"))
@@ -260,6 +284,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         health=HealthConfig(hang_timeout_s=a.hang_timeout, hang_factor=a.hang_factor,
                             preflight=not a.no_preflight, preflight_min_busbw_gbps=a.preflight_min_busbw,
                             preflight_mib=a.preflight_mib),
+        weights=WeightsConfig(init_from=a.init_from, init_partial=a.init_partial, export_dir=a.export_dir,
+                              export=not a.no_export),
     )
     validate(cfg, task_cls.check_arguments(task_args))
     return cfg
@@ -326,6 +352,12 @@ def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     if cfg.checkpoint.uri is not None:
         need(_is_storage_uri(cfg.checkpoint.uri),
              f"--checkpoint-dir {cfg.checkpoint.uri!r}: use s3://bucket/prefix or a local directory path")
+    for flag, uri in (("--export-dir", cfg.weights.export_dir), ("--init-from", cfg.weights.init_from),
+                      ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):
+        if uri is not None:
+            need(_is_storage_uri(uri), f"{flag} {uri!r}: use s3://bucket/prefix or a local path")
+    need(not cfg.weights.init_partial or cfg.weights.init_from is not None,
+         "--init-partial: only with --init-from")
     if cfg.s3_endpoint_url:
         need(cfg.s3_endpoint_url.startswith(("http://", "https://")),
              f"--s3-endpoint-url {cfg.s3_endpoint_url!r}: must start with http:// or https://")

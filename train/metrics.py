@@ -7,16 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from train.errors import BadInput
-
-
-def check_tensorboard_available() -> None:
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        raise BadInput("--tensorboard-dir needs the 'tensorboard' package (pip install tensorboard); "
-                       "omit the flag to log JSON lines only") from None
-
 
 class MetricsLog:
     """Opened on rank 0 only."""
