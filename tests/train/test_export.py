@@ -12,9 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from cluster.example_data import write_digits
 from cluster.local.objectstore import LOCAL_CREDENTIALS
-from train import checksum, export, init_from, pack
+from train import checksum, export, init_from
 from train.errors import BadInput
 from train.task import TaskContext, load_task
 
@@ -22,13 +21,6 @@ IMAGE_ARGS = dict(model="shufflenet_v2_x0_5", image_size=16, eval_data=None, aug
                   prefetch=2, readahead_shards=1, num_classes=10)
 
 
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    """sklearn's digits packed as image shards: (train, eval) directories."""
-    root = tmp_path_factory.mktemp("digits")
-    write_digits(root / "png")
-    pack.pack("images", [str(root / "png")], str(root / "train"), str(root / "eval"), 0.1, 500, 0, 0, None)
-    return str(root / "train"), str(root / "eval")
 
 
 def _ctx(data: str, endpoint: str | None = None) -> TaskContext:

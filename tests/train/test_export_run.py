@@ -9,9 +9,7 @@ import json
 
 import pytest
 
-from cluster.example_data import write_digits
 from tests.train.proc import run, train_cmd
-from train import pack
 from train.summary import parse_summary
 
 pytestmark = pytest.mark.slow  # each test starts trainer processes
@@ -22,12 +20,6 @@ IMAGE = ("--task", "image", "--model", "shufflenet_v2_x0_5", "--image-size", "32
          "--optimizer", "adam", "--lr", "0.005", "--batch-size", "32", "--augment", "none")
 
 
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    root = tmp_path_factory.mktemp("digits")
-    write_digits(root / "png")
-    pack.pack("images", [str(root / "png")], str(root / "train"), str(root / "eval"), 0.1, 500, 0, 0, None)
-    return str(root / "train"), str(root / "eval")
 
 
 def _train(digits, *args: str):
