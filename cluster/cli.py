@@ -452,6 +452,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     backend = make_backend(a)
     opts = options_from_args(a)
     run_dir = a.run_dir or default_run_dir(job.name)
+    if a.backend == "local":  # the local store goes with the cluster: keep the export in the run's directory
+        opts = dataclasses.replace(opts, keep_export_in=run_dir / "export")
     try:
         from tqdm import tqdm
 

@@ -67,6 +67,7 @@ class FlowOptions:
     echo_logs: bool = False                # every line of the job's output, not only the trainer's messages
     job_timeout_s: float | None = None    # the run itself, from its first output; None: no limit
     poll_s: float = 0.25
+    keep_export_in: Path | None = None     # copy the run's export here before teardown (the local store goes)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class FlowResult:
     storage: Storage | None
     message: str = ""
     reclaims: list[Reclaim] = field(default_factory=list)
+    export_kept: Path | None = None   # where the export was copied to (FlowOptions.keep_export_in)
 
     @property
     def resumed(self) -> bool:
@@ -199,7 +201,8 @@ def format_summary(result: FlowResult) -> str:
         if evaluation:
             lines.append(f"  evaluation         {evaluation} (step {s.steps})")
         if s.export:
-            lines.append(f"  export             {s.export}")
+            kept = f", kept in {result.export_kept}" if result.export_kept else ""
+            lines.append(f"  export             {s.export}{kept}")
     for i, a in enumerate(result.attempts, 1):
         start = attempt_start(a.summary)
         end = ("interrupted (resumable)" if a.exit_code == EXIT_INTERRUPTED_RESUMABLE
@@ -637,7 +640,15 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                     reclaimer.restore_for_resubmit()
                 out(f"attempt {attempt_no} {decision.reason}")
             completed = True
-            return _result_of(job, attempts, last, reclaimer, storage)
+            result = _result_of(job, attempts, last, reclaimer, storage)
+            if opts.keep_export_in is not None and result.summary is not None and result.summary.export:
+                from cluster.keep_export import keep_export
+
+                try:
+                    result.export_kept = keep_export(storage, result.summary.export, opts.keep_export_in)
+                except BackendError as e:  # the run is done; `ringtrain export` can make one again
+                    out(f"warning: {e}")
+            return result
         except KeyboardInterrupt:
             raise FlowInterrupted("interrupted: tearing down") from None
         finally:
