@@ -83,6 +83,7 @@ class MetricsConfig:
     log_every: int = 10
     eval_every: int = 0  # steps between evaluations (tasks with evaluation data); 0: at the end only
     progress: bool = True
+    lines: bool = False  # each record also as a RINGTRAIN_METRICS line on stdout (train/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,10 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
     p.add_argument("--no-tf32", action="store_true",
                    help="GPU workers: full fp32 matmuls and convolutions (default: TF32 on tensor cores)")
     p.add_argument("--metrics-file", default=None, help="JSON-lines metrics, written by rank 0")
-    p.add_argument("--tensorboard-dir", default=None)
+    p.add_argument("--metrics-lines", action="store_true",
+                   help="rank 0 also prints each metrics record as a `RINGTRAIN_METRICS {json}` line on "
+                        "stdout (the AWS backend reads them from the launcher's log)")
+    p.add_argument("--tensorboard-dir", default=None, help="TensorBoard event files: a directory or s3://...")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0,
                    help="steps between evaluations, for tasks with evaluation data (0: at the end only)")
@@ -280,7 +284,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
                                     mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
-                              log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress),
+                              log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress,
+                              lines=a.metrics_lines),
         health=HealthConfig(hang_timeout_s=a.hang_timeout, hang_factor=a.hang_factor,
                             preflight=not a.no_preflight, preflight_min_busbw_gbps=a.preflight_min_busbw,
                             preflight_mib=a.preflight_mib),

@@ -119,7 +119,7 @@ class Trainer:
         m = self.cfg.metrics
         try:
             self._log = MetricsLog(m.metrics_file, m.tensorboard_dir, m.progress, self.cfg.steps,
-                                   initial_step)
+                                   initial_step, lines=m.lines)
         except OSError as e:
             raise BadInput(f"cannot open metrics output: {e}") from None
         if self.preflight is not None:

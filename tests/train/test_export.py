@@ -191,3 +191,4 @@ def test_a_missing_file_or_one_that_holds_no_weights_is_one_message(tmp_path):
     for name in ("text.pt", "dict.pt", "list.pt"):
         with pytest.raises(BadInput, match=rf"{name}: neither a safetensors file nor a torch state_dict"):
             init_from.init_from(_net(), str(tmp_path / name))
+
