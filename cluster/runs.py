@@ -85,8 +85,8 @@ def local_runs(runs_dir: Path) -> list[dict[str, Any]]:
 def bucket_runs(store, where: str) -> list[dict[str, Any]]:
     """The jobs in a checkpoints bucket (a train.storage.Store on its root): each job's newest run
     record, else what its newest checkpoint manifest and its export say."""
-    from train import checkpoint as ckpt
     from train import export
+    from train.checkpoint import store as ckpt
 
     keys = store.list()
     records: dict[str, dict[str, Any]] = {}

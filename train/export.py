@@ -251,7 +251,7 @@ def export_checkpoint(checkpoint_uri: str, export_uri: str, step: int | None = N
                       endpoint_url: str | None = None) -> dict:
     """Export checkpoint `step` (None: the newest that verifies) of the checkpoints at `checkpoint_uri`.
     BadInput when there is none, it does not verify, or it predates exports (no model record)."""
-    from train import checkpoint as ckpt
+    from train.checkpoint import store as ckpt
 
     store = open_store(checkpoint_uri, endpoint_url)
     store.check(create=False)

@@ -19,8 +19,8 @@ from cluster.local.objectstore import LOCAL_CREDENTIALS
 from cluster.run_cost import NodeGroupCost
 from cluster.runs import bucket_runs, format_runs, keep_in_bucket, local_runs, run_record, write_run_record
 from tests.summaries import run_summary
-from train import checkpoint as ckpt
 from train import export
+from train.checkpoint import store as ckpt
 from train.storage import LocalStore, open_store
 
 
