@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.flow import FlowResult, format_summary
+from cluster.flow import Attempt, FlowResult, format_summary
 from cluster.run_cost import NodeGroupCost, format_costs
+from train.contract import EXIT_INTERRUPTED_RESUMABLE
 from train.summary import EVAL_COUNTS, EVAL_NAMES, RunSummary
 
 PICTURE_NAME = "report.png"
@@ -170,6 +171,25 @@ class RunFiles:
     picture: Path
     summary: Path
     metrics: Path
+
+
+def result_from_log(job: str, lines: list[str]) -> FlowResult:
+    """A finished job's result rebuilt from its launcher's log (pure): the summary line and the
+    `--metrics-lines` records in it (train/metrics.py), as one attempt. `ringtrain logs --run-dir`
+    draws the report from it after the run."""
+    from cluster.exit_codes import worker_exit_codes
+    from train.metrics import metrics_from_log
+    from train.summary import last_summary
+
+    summary = last_summary(lines)
+    if summary is not None:
+        code = EXIT_INTERRUPTED_RESUMABLE if summary.interrupted else 0
+    else:  # no summary: the first worker's failure, if the log says
+        code = next((c for c in worker_exit_codes(lines).values() if c), None)
+    metrics = metrics_from_log(lines)
+    attempt = Attempt(code, summary, [], metrics=metrics)
+    return FlowResult(job=job, succeeded=code == 0, exit_code=code, attempts=[attempt], summary=summary,
+                      metrics=metrics, reclaimed=[], storage=None)
 
 
 def write_run_report(result: FlowResult, run_dir: Path,

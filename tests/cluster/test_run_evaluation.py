@@ -57,3 +57,24 @@ def test_the_report_draws_evaluation_points_over_the_loss_curve():
     (right,) = [ax for ax in loss_ax.figure.axes if ax is not loss_ax]   # top-1 on an axis of its own
     assert [list(line.get_ydata()) for line in right.get_lines()] == [[0.7]]
     assert right.get_ylabel() == "top-1"
+
+
+def test_a_launchers_log_rebuilds_the_report_with_curves(tmp_path):
+    from cluster.report import result_from_log, write_run_report
+    from train.metrics import metrics_line
+
+    records = [{"step": 10, "loss": 2.0, "samples_per_sec": 100.0, "checkpoints": []},
+               {"step": 20, "loss": 1.0, "samples_per_sec": 110.0, "checkpoints": [20]},
+               {"step": 20, "eval_top1": 0.75, "eval_samples": 180.0}]
+    summary = run_summary(steps=20, initial_loss=2.3, final_loss=1.0, eval={"eval_top1": 0.75},
+                          checkpoints_written=1)
+    lines = ["[1]<stderr>:noise", *(f"[0]<stdout>:{metrics_line(r)}" for r in records),
+             f"[0]<stdout>:{summary.line()}"]
+    result = result_from_log("j1", lines)
+    assert result.succeeded and result.exit_code == 0 and result.summary == summary
+    series = report_data(result).attempts[0]
+    assert series.steps == [10, 20] and series.loss == [2.0, 1.0] and series.evals == {"eval_top1": [0.75]}
+    files = write_run_report(result, tmp_path)
+    assert "top-1 0.7500" in files.summary.read_text()
+    failed = result_from_log("j1", ["Process 1 exit with status code 2."])
+    assert failed.exit_code == 2 and not failed.succeeded and failed.summary is None
