@@ -7,6 +7,8 @@
     ringtrain up|down|status --stack dev         the stack's compute on, off, and its state
     ringtrain submit --stack dev --job-name j --hosts 2 -- --steps 1000   an MPIJob on the stack
     ringtrain logs --stack dev --job j           a submitted job's output
+    ringtrain runs [--stack dev] [--json]        past runs: when, where, steps, loss, evaluation, cost, export
+    ringtrain export --job j --stack dev         a job's model (safetensors + model.json) from a checkpoint
     ringtrain data pack images --src photos/ --out s3://b/datasets/photos   your data as shards
 
 `ringtrain COMMAND --help` says more about each. `python -m cluster` is the same command.
