@@ -37,6 +37,7 @@ class Weights:
         """Rank 0, before training: the export's destination must be writable; --init-from's weights
         are read unless a resume wins. BadInput otherwise."""
         cfg, w = self.cfg, self.cfg.weights
+        self.record(0, None)  # its I/O (the dataset's index, git) now, not at the first checkpoint
         if self.export_uri is not None:
             export.check_writable(self.export_uri, cfg.s3_endpoint_url)
         if w.init_from and resuming:
