@@ -48,9 +48,11 @@ from train.task import Task, TaskContext, load_task
 FORMAT = "ringtrain-export/1"
 WEIGHTS = "model.safetensors"
 MODEL_JSON = "model.json"
-# Where the image says what it is (set from its build arguments); a local run has the checkout.
+# Where the image says what it is: these variables (from its build arguments, where it sets them), else
+# the VERSION file image/Dockerfile copies in; a local run has the checkout.
 IMAGE_VERSION_ENV = "RINGTRAIN_IMAGE_VERSION"
 GIT_COMMIT_ENV = "RINGTRAIN_GIT_COMMIT"
+IMAGE_VERSION_FILE = Path("/etc/ringtrain/VERSION")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,9 +79,10 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def provenance(environ=os.environ, repo: Path = REPO_ROOT) -> dict[str, str | None]:
-    """The code's git commit and the image's version: from the image's environment, else the checkout
-    (`git rev-parse HEAD`; image/VERSION marked as a local checkout), else None."""
+def provenance(environ=os.environ, repo: Path = REPO_ROOT,
+               image_file: Path = IMAGE_VERSION_FILE) -> dict[str, str | None]:
+    """The code's git commit and the image's version: from the image's environment or VERSION file,
+    else the checkout (`git rev-parse HEAD`; image/VERSION marked as a local checkout), else None."""
     commit = environ.get(GIT_COMMIT_ENV)
     if not commit and (repo / ".git").exists():
         try:
@@ -89,6 +92,8 @@ def provenance(environ=os.environ, repo: Path = REPO_ROOT) -> dict[str, str | No
         except (OSError, subprocess.TimeoutExpired):
             commit = None
     version = environ.get(IMAGE_VERSION_ENV)
+    if not version and image_file.is_file():
+        version = image_file.read_text().strip()
     if not version and (repo / "image" / "VERSION").is_file():
         version = f"{(repo / 'image' / 'VERSION').read_text().strip()} (local checkout)"
     return {"git_commit": commit or None, "image_version": version or None}

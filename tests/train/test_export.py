@@ -192,3 +192,14 @@ def test_a_missing_file_or_one_that_holds_no_weights_is_one_message(tmp_path):
         with pytest.raises(BadInput, match=rf"{name}: neither a safetensors file nor a torch state_dict"):
             init_from.init_from(_net(), str(tmp_path / name))
 
+
+
+def test_provenance_comes_from_the_image_or_the_checkout(tmp_path):
+    image_file = tmp_path / "VERSION"
+    image_file.write_text("0.4.1\n")
+    assert export.provenance({"RINGTRAIN_GIT_COMMIT": "abc123"}, tmp_path / "no-repo", image_file) == {
+        "git_commit": "abc123", "image_version": "0.4.1"}
+    assert export.provenance({}, tmp_path / "no-repo", tmp_path / "none") == {
+        "git_commit": None, "image_version": None}
+    local = export.provenance({}, export.REPO_ROOT, tmp_path / "none")
+    assert len(local["git_commit"]) == 40 and local["image_version"].endswith("(local checkout)")
