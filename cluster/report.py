@@ -20,7 +20,7 @@ from typing import Any
 from cluster.flow import Attempt, FlowResult, format_summary
 from cluster.run_cost import NodeGroupCost, format_costs
 from train.contract import EXIT_INTERRUPTED_RESUMABLE
-from train.summary import EVAL_COUNTS, EVAL_NAMES, RunSummary
+from train.summary import EVAL_COUNTS, RunSummary, eval_name
 
 PICTURE_NAME = "report.png"
 SIZE_INCHES = (10.0, 7.0)
@@ -152,12 +152,12 @@ def draw_evaluations(loss_ax, attempts: list[AttemptSeries], colours: list[str])
     for s in attempts:
         colour = colours[(s.number - 1) % len(colours)]
         for name, values in s.evals.items():
-            label = f"{EVAL_NAMES.get(name, name)} (eval, attempt {s.number})"
+            label = f"{eval_name(name)} (eval, attempt {s.number})"
             if name == "eval_loss":
                 ax = loss_ax
             else:
                 other_ax = other_ax or loss_ax.twinx()
-                other_ax.set_ylabel(", ".join(EVAL_NAMES.get(n, n) for n in s.evals if n != "eval_loss"))
+                other_ax.set_ylabel(", ".join(eval_name(n) for n in s.evals if n != "eval_loss"))
                 ax = other_ax
             ax.plot(s.eval_steps, values, color=colour, marker="D", linestyle="--", linewidth=1, label=label)
             ax.annotate(f"{values[-1]:.3f}", (s.eval_steps[-1], values[-1]), textcoords="offset points",

@@ -69,11 +69,16 @@ EVAL_NAMES = {"eval_top1": "top-1", "eval_perplexity": "perplexity", "eval_loss"
 EVAL_COUNTS = ("eval_samples", "eval_tokens")
 
 
+def eval_name(key: str) -> str:
+    """'eval_top1' -> 'top-1'; a task's own metric without its prefix (pure)."""
+    return EVAL_NAMES.get(key, key.removeprefix("eval_"))
+
+
 def format_eval(metrics: Mapping[str, Any] | None) -> str | None:
     """'top-1 0.8780 (180 samples)' from a summary's eval (pure); None without one."""
     if not metrics:
         return None
-    shown = [f"{EVAL_NAMES.get(k, k.removeprefix('eval_'))} {v:.4f}" for k, v in metrics.items()
+    shown = [f"{eval_name(k)} {v:.4f}" for k, v in metrics.items()
              if k not in EVAL_COUNTS and isinstance(v, int | float)]
     counts = [f"{int(metrics[k])} {k.removeprefix('eval_')}" for k in EVAL_COUNTS if k in metrics]
     return ", ".join(shown) + (f" ({', '.join(counts)})" if counts else "")
