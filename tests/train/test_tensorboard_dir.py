@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cluster.local.objectstore import LOCAL_CREDENTIALS
+
+pytestmark = pytest.mark.slow  # each test starts an interpreter that imports torch and TensorBoard
 
 REPO = Path(__file__).resolve().parents[2]
 WRITE = """
