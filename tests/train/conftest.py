@@ -24,5 +24,5 @@ def digits(tmp_path_factory) -> tuple[str, str]:
 
     root = tmp_path_factory.mktemp("digits")
     write_digits(root / "png")
-    pack.pack("images", [str(root / "png")], str(root / "train"), str(root / "eval"), 0.1, 500, 0, 0, None)
+    pack.pack("images", [str(root / "png")], str(root / "train"), str(root / "eval"), 0.1, 500, 0, None)
     return str(root / "train"), str(root / "eval")
