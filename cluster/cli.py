@@ -7,6 +7,8 @@
     ringtrain up|down|status --stack dev         the stack's compute on, off, and its state
     ringtrain submit --stack dev --job-name j --hosts 2 -- --steps 1000   an MPIJob on the stack
     ringtrain logs --stack dev --job j           a submitted job's output
+    ringtrain runs [--stack dev] [--json]        past runs: when, where, steps, loss, evaluation, cost, export
+    ringtrain export --job j --stack dev         a job's model (safetensors + model.json) from a checkpoint
     ringtrain data pack images --src photos/ --out s3://b/datasets/photos   your data as shards
 
 `ringtrain COMMAND --help` says more about each. `python -m cluster` is the same command.
@@ -26,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cluster import export_cli
+from cluster import runs as runs_cli
 from cluster.aws import cli as aws_cli
 from cluster.aws.plan import PlanError
 from cluster.backend import Backend, BackendError
@@ -53,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_parser(sub)
     aws_cli.add_parsers(sub)
+    runs_cli.add_parser(sub)
+    export_cli.add_parser(sub)
     add_passthrough(sub, "data", "datasets: generate the demo's, pack your own (python -m train.data)",
                     "ringtrain data generate --out /tmp/ds --shards 4 --samples-per-shard 1024",
                     _data_main)
@@ -389,10 +395,12 @@ def default_run_dir(job_name: str, now: datetime.datetime | None = None) -> Path
     return RUNS_DIR / f"{job_name}-{now:%Y%m%d-%H%M%S}"
 
 
-def write_report(result: FlowResult, run_dir: Path, backend: str) -> None:
-    """The run's report beside the printed summary; on AWS with node-hours and their cost."""
+def write_report(result: FlowResult, run_dir: Path, backend: str, stack: str | None = None) -> None:
+    """The run's report and record (`ringtrain runs`) beside the printed summary; on AWS with node-hours
+    and their cost."""
     from cluster.report import write_run_report
     from cluster.run_cost import format_costs, node_group_costs
+    from cluster.runs import keep_in_bucket, run_record, write_run_record
 
     costs = None
     if backend == "aws":
@@ -402,7 +410,15 @@ def write_report(result: FlowResult, run_dir: Path, backend: str) -> None:
         if costs:
             print(format_costs(costs))
     files = write_run_report(result, run_dir, costs)
+    record = run_record(result, backend, stack, run_dir, costs)
+    write_run_record(run_dir, record)
     print(f"  report             {files.picture} (summary and metrics beside it)")
+    if backend == "aws" and result.storage is not None:  # the run directory stays on this machine
+        try:
+            keep_in_bucket(result.storage.checkpoint_uri, result.storage.endpoint_url, record)
+        except Exception as e:  # noqa: BLE001 - the run is done; its record in the bucket is a convenience
+            print(f"run: warning: could not keep the run record in the checkpoints bucket: {e}",
+                  file=sys.stderr)
 
 
 # The elastic demo's pace: at 0.15 s a step the half of --steps after the reclaim lasts ~20 s, longer
@@ -438,6 +454,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     backend = make_backend(a)
     opts = options_from_args(a)
     run_dir = a.run_dir or default_run_dir(job.name)
+    if a.backend == "local":  # the local store goes with the cluster: keep the export in the run's directory
+        opts = dataclasses.replace(opts, keep_export_in=run_dir / "export")
     try:
         from tqdm import tqdm
 
@@ -447,7 +465,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     print(format_summary(result))
     try:
-        write_report(result, run_dir, a.backend)
+        write_report(result, run_dir, a.backend, a.stack)
     except OSError as e:   # the run itself is done: say so, and keep its exit code
         print(f"run: warning: could not write the report into {run_dir}: {e}", file=sys.stderr)
     if a.keep_up:

@@ -47,7 +47,7 @@ from cluster.recovery import FailureCost, Next, decide, failure_cost, last_step
 from cluster.run_data import Dataset, DatasetSpec, given
 from train import stragglers
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, MANIFEST, step_dir
-from train.summary import RunSummary
+from train.summary import RunSummary, format_eval
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +67,7 @@ class FlowOptions:
     echo_logs: bool = False                # every line of the job's output, not only the trainer's messages
     job_timeout_s: float | None = None    # the run itself, from its first output; None: no limit
     poll_s: float = 0.25
+    keep_export_in: Path | None = None     # copy the run's export here before teardown (the local store goes)
 
 
 @dataclass
@@ -109,6 +110,7 @@ class FlowResult:
     storage: Storage | None
     message: str = ""
     reclaims: list[Reclaim] = field(default_factory=list)
+    export_kept: Path | None = None   # where the export was copied to (FlowOptions.keep_export_in)
 
     @property
     def resumed(self) -> bool:
@@ -195,12 +197,14 @@ def format_summary(result: FlowResult) -> str:
         if "tokens_per_sec" in rate:  # a task that counts tokens (lm); MFU on GPUs
             mfu = f", MFU {rate['mfu']:.1%}" if "mfu" in rate else ""
             lines.append(f"  tokens/s           {rate['tokens_per_sec']:.0f}{mfu} (last attempt)")
-        if s.eval:  # the task's held-out metrics at the end: eval_loss, eval_perplexity, eval_top1, ...
-            lines.append("  evaluation         " + ", ".join(
-                f"{k.removeprefix('eval_')} {v:.4g}" for k, v in s.eval.items()))
+        evaluation = format_eval(s.eval)
+        if evaluation:
+            lines.append(f"  evaluation         {evaluation} (step {s.steps})")
+        if s.export:
+            kept = f", kept in {result.export_kept}" if result.export_kept else ""
+            lines.append(f"  export             {s.export}{kept}")
     for i, a in enumerate(result.attempts, 1):
-        where = a.summary.resumed_from_step if a.summary else None
-        start = f"resumed from step {where}" if where is not None else "from scratch"
+        start = attempt_start(a.summary)
         end = ("interrupted (resumable)" if a.exit_code == EXIT_INTERRUPTED_RESUMABLE
                else f"exit {a.exit_code}")
         reached = a.summary.steps if a.summary else last_step(a.metrics)
@@ -230,6 +234,21 @@ def format_summary(result: FlowResult) -> str:
     if result.message:
         lines.append(f"  {result.message}")
     return "\n".join(lines)
+
+
+def attempt_start(summary: RunSummary | None) -> str:
+    """Where an attempt started: a checkpoint (which wins over --init-from), --init-from's weights or
+    scratch (pure)."""
+    where = summary.resumed_from_step if summary else None
+    init = summary.init_from if summary else None
+    if where is not None:
+        return f"resumed from step {where}" + (f" (a resume wins over --init-from {init['uri']})"
+                                               if init else "")
+    if init and init.get("applied", True):
+        skipped = [f"{len(init[k])} {k}" for k in ("missing", "unexpected", "mismatched") if init.get(k)]
+        return (f"initialized from {init['uri']} ({init['loaded']} tensors"
+                + (f"; {', '.join(skipped)} key(s) left as built" if skipped else "") + ")")
+    return "from scratch"
 
 
 def ensure_dataset(storage: Storage, dataset: Dataset, out: Callable[[str], None] = print,
@@ -621,7 +640,15 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                     reclaimer.restore_for_resubmit()
                 out(f"attempt {attempt_no} {decision.reason}")
             completed = True
-            return _result_of(job, attempts, last, reclaimer, storage)
+            result = _result_of(job, attempts, last, reclaimer, storage)
+            if opts.keep_export_in is not None and result.summary is not None and result.summary.export:
+                from cluster.keep_export import keep_export
+
+                try:
+                    result.export_kept = keep_export(storage, result.summary.export, opts.keep_export_in)
+                except BackendError as e:  # the run is done; `ringtrain export` can make one again
+                    out(f"warning: {e}")
+            return result
         except KeyboardInterrupt:
             raise FlowInterrupted("interrupted: tearing down") from None
         finally:

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.flow import FlowResult, format_summary
+from cluster.flow import Attempt, FlowResult, format_summary
 from cluster.run_cost import NodeGroupCost, format_costs
-from train.summary import RunSummary
+from train.contract import EXIT_INTERRUPTED_RESUMABLE
+from train.summary import EVAL_COUNTS, RunSummary, eval_name
 
 PICTURE_NAME = "report.png"
 SIZE_INCHES = (10.0, 7.0)
@@ -36,6 +37,9 @@ class AttemptSeries:
     samples_per_sec: list[float] = field(default_factory=list)
     checkpoints: list[int] = field(default_factory=list)
     resumed_from: int | None = None
+    # evaluation records: their steps and metrics (eval_top1, eval_loss, ...; counts left out)
+    eval_steps: list[int] = field(default_factory=list)
+    evals: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,6 +71,13 @@ def report_data(result: FlowResult) -> ReportData:
             s.steps.append(int(r["step"]))
             s.loss.append(float(r["loss"]))
             s.samples_per_sec.append(float(r.get("samples_per_sec", float("nan"))))
+        for r in attempt.metrics:
+            names = [k for k in r if k.startswith("eval_") and k not in EVAL_COUNTS]
+            if "step" not in r or not names:
+                continue
+            s.eval_steps.append(int(r["step"]))
+            for k in names:   # (every evaluation of a task reports the same metrics)
+                s.evals.setdefault(k, []).append(float(r[k]))
         series.append(s)
     state = "done" if result.succeeded else "FAILED"
     title = (f"job {result.job}: {state} (exit code {result.exit_code}, "
@@ -112,6 +123,7 @@ def figure(data: ReportData, costs: list[NodeGroupCost] | None = None):
             for ax in (loss_ax, speed_ax):
                 ax.axvline(s.resumed_from, color="tab:green", linestyle="--", linewidth=2,
                            label=f"resume (attempt {s.number})" if ax is loss_ax else None)
+    draw_evaluations(loss_ax, data.attempts, colours)
     for step, host in data.reclaims:
         for ax in (loss_ax, speed_ax):
             ax.axvline(step, color="tab:red", linestyle="--", linewidth=2,
@@ -133,11 +145,51 @@ def figure(data: ReportData, costs: list[NodeGroupCost] | None = None):
     return fig
 
 
+def draw_evaluations(loss_ax, attempts: list[AttemptSeries], colours: list[str]) -> None:
+    """Evaluation points over the loss curve: an evaluation loss on the loss axis, the other metrics
+    (top-1, perplexity) on an axis of their own on the right; diamonds, labelled with their value."""
+    other_ax = None
+    for s in attempts:
+        colour = colours[(s.number - 1) % len(colours)]
+        for name, values in s.evals.items():
+            label = f"{eval_name(name)} (eval, attempt {s.number})"
+            if name == "eval_loss":
+                ax = loss_ax
+            else:
+                other_ax = other_ax or loss_ax.twinx()
+                other_ax.set_ylabel(", ".join(eval_name(n) for n in s.evals if n != "eval_loss"))
+                ax = other_ax
+            ax.plot(s.eval_steps, values, color=colour, marker="D", linestyle="--", linewidth=1, label=label)
+            ax.annotate(f"{values[-1]:.3f}", (s.eval_steps[-1], values[-1]), textcoords="offset points",
+                        xytext=(4, 4), fontsize="small", color=colour)
+    if other_ax is not None and other_ax.get_legend_handles_labels()[0]:
+        other_ax.legend(loc="center right", fontsize="small")
+
+
 @dataclass(frozen=True)
 class RunFiles:
     picture: Path
     summary: Path
     metrics: Path
+
+
+def result_from_log(job: str, lines: list[str]) -> FlowResult:
+    """A finished job's result rebuilt from its launcher's log (pure): the summary line and the
+    `--metrics-lines` records in it (train/metrics.py), as one attempt. `ringtrain logs --run-dir`
+    draws the report from it after the run."""
+    from cluster.exit_codes import worker_exit_codes
+    from train.metrics import metrics_from_log
+    from train.summary import last_summary
+
+    summary = last_summary(lines)
+    if summary is not None:
+        code = EXIT_INTERRUPTED_RESUMABLE if summary.interrupted else 0
+    else:  # no summary: the first worker's failure, if the log says
+        code = next((c for c in worker_exit_codes(lines).values() if c), None)
+    metrics = metrics_from_log(lines)
+    attempt = Attempt(code, summary, [], metrics=metrics)
+    return FlowResult(job=job, succeeded=code == 0, exit_code=code, attempts=[attempt], summary=summary,
+                      metrics=metrics, reclaimed=[], storage=None)
 
 
 def write_run_report(result: FlowResult, run_dir: Path,

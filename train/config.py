@@ -83,6 +83,7 @@ class MetricsConfig:
     log_every: int = 10
     eval_every: int = 0  # steps between evaluations (tasks with evaluation data); 0: at the end only
     progress: bool = True
+    lines: bool = False  # each record also as a RINGTRAIN_METRICS line on stdout (train/metrics.py)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,17 @@ class HealthConfig:
     preflight: bool = True
     preflight_min_busbw_gbps: float | None = None  # None: measure and report only
     preflight_mib: float | None = None  # None: 2048 on GPUs (the floor's nccl-tests size), 2 on CPUs
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    """Where the model's weights come from and go to, besides checkpoints (train/init_from.py,
+    train/export.py)."""
+
+    init_from: str | None = None  # safetensors / state_dict file or an export, local or s3://
+    init_partial: bool = False    # load what fits, report the rest (a new head)
+    export_dir: str | None = None  # None: exports/<job> beside checkpoints/<job>, if in that layout
+    export: bool = True
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,7 +203,10 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
     p.add_argument("--no-tf32", action="store_true",
                    help="GPU workers: full fp32 matmuls and convolutions (default: TF32 on tensor cores)")
     p.add_argument("--metrics-file", default=None, help="JSON-lines metrics, written by rank 0")
-    p.add_argument("--tensorboard-dir", default=None)
+    p.add_argument("--metrics-lines", action="store_true",
+                   help="rank 0 also prints each metrics record as a `RINGTRAIN_METRICS {json}` line on "
+                        "stdout (the AWS backend reads them from the launcher's log)")
+    p.add_argument("--tensorboard-dir", default=None, help="TensorBoard event files: a directory or s3://...")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0,
                    help="steps between evaluations, for tasks with evaluation data (0: at the end only)")
@@ -207,6 +223,18 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
                         "bandwidth (nccl-tests' busbw) is below this many GB/s; unset: report only")
     p.add_argument("--preflight-mib", type=float, default=None,
                    help="preflight: MiB per allreduce (default 2048 on GPUs, 2 on CPUs)")
+    p.add_argument("--init-from", default=None,
+                   help="start from these weights: a safetensors file, a torch state_dict file or an "
+                        "export (s3://... or a local path); strict unless --init-partial. A resume from a "
+                        "checkpoint wins over it")
+    p.add_argument("--init-partial", action="store_true",
+                   help="with --init-from: load the keys that fit, report the missing, unexpected and "
+                        "mismatched ones (e.g. a new classifier head)")
+    p.add_argument("--export-dir", default=None,
+                   help="where rank 0 writes the model at the end (model.safetensors + model.json): "
+                        "s3://bucket/prefix or a directory (default: exports/<job> beside --checkpoint-dir's "
+                        "checkpoints/<job>)")
+    p.add_argument("--no-export", action="store_true", help="write no export at the end")
     if task_cls is not None:
         try:
             task_cls.add_arguments(p.add_argument_group(f"task {task}"))
@@ -256,10 +284,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
                                     mode=a.checkpoint_mode),
         metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
-                              log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress),
+                              log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress,
+                              lines=a.metrics_lines),
         health=HealthConfig(hang_timeout_s=a.hang_timeout, hang_factor=a.hang_factor,
                             preflight=not a.no_preflight, preflight_min_busbw_gbps=a.preflight_min_busbw,
                             preflight_mib=a.preflight_mib),
+        weights=WeightsConfig(init_from=a.init_from, init_partial=a.init_partial, export_dir=a.export_dir,
+                              export=not a.no_export),
     )
     validate(cfg, task_cls.check_arguments(task_args))
     return cfg
@@ -326,6 +357,12 @@ def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     if cfg.checkpoint.uri is not None:
         need(_is_storage_uri(cfg.checkpoint.uri),
              f"--checkpoint-dir {cfg.checkpoint.uri!r}: use s3://bucket/prefix or a local directory path")
+    for flag, uri in (("--export-dir", cfg.weights.export_dir), ("--init-from", cfg.weights.init_from),
+                      ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):
+        if uri is not None:
+            need(_is_storage_uri(uri), f"{flag} {uri!r}: use s3://bucket/prefix or a local path")
+    need(not cfg.weights.init_partial or cfg.weights.init_from is not None,
+         "--init-partial: only with --init-from")
     if cfg.s3_endpoint_url:
         need(cfg.s3_endpoint_url.startswith(("http://", "https://")),
              f"--s3-endpoint-url {cfg.s3_endpoint_url!r}: must start with http:// or https://")

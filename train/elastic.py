@@ -28,6 +28,11 @@ def run_elastic(trainer: Trainer, hvd) -> int:
         except BadInput as e:  # raised on every rank after the sync: on rank 0 alone, the others
             bad_input = str(e)  # would carry on without it (elastic), from the initial weights
         found = None
+    elif hvd.rank() == 0:  # --init-from, unless a checkpoint won: state.sync() brings it to the rest
+        try:
+            trainer.weights.apply(trainer.model)
+        except BadInput as e:
+            bad_input = str(e)
     state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
                                    data=progress.data,
                                    last_checkpoint_step=progress.last_checkpoint_step,

@@ -1,28 +1,47 @@
 """What rank 0 reports while it trains: a progress bar for people, JSON lines for machines, TensorBoard
-(the summary at the end: train/summary.py)."""
+(the summary at the end: train/summary.py).
+
+JSON lines go to --metrics-file, or with --metrics-lines to stdout as `RINGTRAIN_METRICS {json}`: on
+AWS the launcher's log is all the flow gets back from the cluster (the rank-0 pod's files stay there),
+so the records ride in it, as the summary line does, and metrics_from_log reads them back.
+cluster/ imports this module: it imports nothing heavy."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
-from train.errors import BadInput
+METRICS_PREFIX = "RINGTRAIN_METRICS"
 
 
-def check_tensorboard_available() -> None:
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        raise BadInput("--tensorboard-dir needs the 'tensorboard' package (pip install tensorboard); "
-                       "omit the flag to log JSON lines only") from None
+def metrics_line(record: dict) -> str:
+    return f"{METRICS_PREFIX} {json.dumps(record, sort_keys=True)}"
+
+
+def metrics_from_log(lines: Iterable[str]) -> list[dict]:
+    """The metrics records in a launcher's log, in order (pure): lines may carry horovodrun's
+    `[0]<stdout>:` prefix; cut or foreign lines are skipped."""
+    records = []
+    for line in lines:
+        if METRICS_PREFIX not in line:
+            continue
+        try:
+            record = json.loads(line.split(METRICS_PREFIX, 1)[1])
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return records
 
 
 class MetricsLog:
     """Opened on rank 0 only."""
 
     def __init__(self, metrics_file: str | None, tensorboard_dir: str | None, progress: bool,
-                 total_steps: int, initial_step: int):
+                 total_steps: int, initial_step: int, lines: bool = False):
+        self._lines = lines
         self._file = None
         self._tb = None
         self._bar = None
@@ -45,6 +64,8 @@ class MetricsLog:
             self._bar.update(n)
 
     def log(self, record: dict) -> None:
+        if self._lines:
+            print(metrics_line(record), flush=True)
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:

@@ -99,6 +99,13 @@ def run(cfg: TrainConfig) -> int:
         del state
         agree_on_inputs(hvd, error)
     else:
+        error = None
+        if hvd.rank() == 0:
+            try:
+                trainer.weights.apply(trainer.model)  # --init-from (train.weights)
+            except BadInput as e:
+                error = str(e)
+        agree_on_inputs(hvd, error)
         hvd.broadcast_parameters(trainer.model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(trainer.optimizer, root_rank=0)
     trainer.checkpointer.wait_ready()

@@ -40,6 +40,11 @@ class RunSummary:
     eval: dict[str, Any] | None              # the task's metrics at the last evaluation (None: none ran)
     # tokens_per_sec (and on GPUs mfu) over the run's training time, for tasks that count tokens (lm)
     throughput: dict[str, float] | None = None
+    # Later fields have defaults: a summary from an older image lacks them.
+    # --init-from: {"uri", "applied" (False: a checkpoint's resume won), "loaded", "missing",
+    # "unexpected", "mismatched"} (train/init_from.py); None: not given
+    init_from: dict[str, Any] | None = None
+    export: str | None = None                # where rank 0 wrote the export (train/export.py); None: none
 
     def record(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -56,7 +61,27 @@ class RunSummary:
         missing = [n for n in names if n not in record]
         if missing:
             raise ValueError(f"summary lacks {missing}")
-        return cls(**{n: record[n] for n in names})
+        return cls(**{f.name: record[f.name] for f in fields if f.name in record})
+
+
+# How the summary names an evaluation metric (the task's eval_* keys); counts are left out.
+EVAL_NAMES = {"eval_top1": "top-1", "eval_perplexity": "perplexity", "eval_loss": "loss"}
+EVAL_COUNTS = ("eval_samples", "eval_tokens")
+
+
+def eval_name(key: str) -> str:
+    """'eval_top1' -> 'top-1'; a task's own metric without its prefix (pure)."""
+    return EVAL_NAMES.get(key, key.removeprefix("eval_"))
+
+
+def format_eval(metrics: Mapping[str, Any] | None) -> str | None:
+    """'top-1 0.8780 (180 samples)' from a summary's eval (pure); None without one."""
+    if not metrics:
+        return None
+    shown = [f"{eval_name(k)} {v:.4f}" for k, v in metrics.items()
+             if k not in EVAL_COUNTS and isinstance(v, int | float)]
+    counts = [f"{int(metrics[k])} {k.removeprefix('eval_')}" for k in EVAL_COUNTS if k in metrics]
+    return ", ".join(shown) + (f" ({', '.join(counts)})" if counts else "")
 
 
 def _from_line(line: str) -> RunSummary | None:

@@ -180,6 +180,20 @@ class Task:
     def close(self) -> None:
         """Release what the task holds (DataLoader workers, open streams)."""
 
+    # ---- exports (train.export): the model without the training data -------------------------
+    def model_info(self) -> dict:
+        """What build_model needs beyond the task's flags, JSON-like (class names, a tokenizer and
+        sequence length), for an export's model.json. Called after prepare()."""
+        return {}
+
+    def use_model_info(self, info: dict) -> None:
+        """Get ready for build_model from model_info()'s record instead of prepare() (loading an
+        export: no training data)."""
+
+    def prepare_eval(self) -> None:
+        """Open only the evaluation data (the task's --eval-data), to evaluate a loaded export."""
+        raise BadInput(f"{type(self).__name__} cannot evaluate an export (it has no prepare_eval)")
+
 
 def load_task(spec: str) -> type[Task]:
     """The Task class named by `spec`: a built-in name, `pkg.module:Class` or `path/to/file.py:Class`.

@@ -17,6 +17,7 @@ from functools import partial
 
 import torch
 
+from train import export
 from train.checkpoint import store as ckpt
 from train.checkpoint.checkpointer import Checkpointer
 from train.config import TrainConfig
@@ -25,15 +26,17 @@ from train.cpu import fp16_autocast_works, idle_while_finishing
 from train.errors import BadInput
 from train.evaluation import evaluate
 from train.gpu import memory_format, to_device
-from train.metrics import MetricsLog, check_tensorboard_available
+from train.metrics import MetricsLog
 from train.placement import place_worker
 from train.recipe import autocast_dtype, gradient_groups, lr_at, predivide_factor, step_seed
 from train.stop import StopRequest
 from train.stragglers import OwnTime, straggler_fields
 from train.summary import RunSummary
 from train.task import TaskContext, load_task, task_code
+from train.tensorboard_dir import check_tensorboard_dir
 from train.throughput import TokenRate
 from train.watchdog import Watchdog
+from train.weights import Weights
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Trainer:
         self._batches_at: tuple | None = None
         self.checkpointer = Checkpointer(cfg.checkpoint, cfg.s3_endpoint_url, hvd, placement.node_cpus,
                                          self.state_bytes)
+        self.weights = Weights(cfg, self.task)  # --init-from in, the export out (rank 0)
         self._log: MetricsLog | None = None
         self.resumed_from_step: int | None = None
         self.summary_printed = False
@@ -97,7 +101,7 @@ class Trainer:
         elastic mode state.sync())."""
         cfg = self.cfg
         if cfg.metrics.tensorboard_dir:
-            check_tensorboard_available()
+            check_tensorboard_dir(cfg.metrics.tensorboard_dir, cfg.s3_endpoint_url)
         if cfg.precision == "fp16" and not self.on_gpu and not fp16_autocast_works():
             raise BadInput("--precision fp16 needs a GPU here (CPU autocast lacks float16); use bf16 or fp32")
         if cfg.checkpoint.mode == "async_with_pinned_mem" and not self.on_gpu:
@@ -107,6 +111,7 @@ class Trainer:
             self.task.prepare(self.hvd.rank(), self.hvd.size())
         found = self.checkpointer.open()
         if self.hvd.rank() == 0:
+            self.weights.prepare(resuming=found is not None)
             self.open_log(initial_step=found.step if found else 0)
         return found
 
@@ -114,7 +119,7 @@ class Trainer:
         m = self.cfg.metrics
         try:
             self._log = MetricsLog(m.metrics_file, m.tensorboard_dir, m.progress, self.cfg.steps,
-                                   initial_step)
+                                   initial_step, lines=m.lines)
         except OSError as e:
             raise BadInput(f"cannot open metrics output: {e}") from None
         if self.preflight is not None:
@@ -343,6 +348,7 @@ class Trainer:
             "sampler": progress.data,
             "world_size": self.hvd.size(),
             "loss": loss,
+            export.CHECKPOINT_KEY: self.weights.record(progress.step, self.last_eval),  # `ringtrain export`
         }
 
     def state_bytes(self) -> int:
@@ -469,6 +475,8 @@ class Trainer:
             self.save_checkpoint(progress, final_loss)
         if not interrupted:  # a spot stop has seconds to spare, not an evaluation's worth
             self.last_eval = self.evaluate(progress.step)
+            if hvd.rank() == 0:
+                self.weights.write_export(self.model, progress.step, self.last_eval)
         self.checkpointer.close()
         self.task.close()
         summary = RunSummary(
@@ -486,6 +494,8 @@ class Trainer:
             cpu_affinity=list(self.cpus) if self.cpus else None,
             gradient_groups=self.gradient_groups,
             eval=self.last_eval,  # the task's metrics at the last evaluation (None: none ran)
+            init_from=self.weights.init_report,
+            export=self.weights.exported_to,
         )
         if hvd.rank() == 0 and not self.summary_printed:
             if self._log is not None:

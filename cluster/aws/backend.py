@@ -27,6 +27,7 @@ Needs the Pulumi CLI, AWS credentials, kubectl and the AWS CLI; each missing pie
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -53,6 +54,7 @@ from cluster.mpijob import (
 )
 from infra.catalog import InstanceType, load_catalog
 from infra.storage_layout import checkpoint_uri, dataset_uri
+from train.metrics import metrics_from_log
 from train.summary import last_summary
 
 from .capacity import (
@@ -241,7 +243,7 @@ class AwsBackend(Backend):
         workers = worker_nodes(group.name, group.instance_types, group.capacity_type, group.efa_interfaces,
                                load_catalog().instance_types, memory_limit=self.worker_memory)
         image = self.image or image_reference(outputs, read_image_version(self.repo_root))
-        return render_mpijob(job, image=image, storage=self.storage(job.name),
+        return render_mpijob(with_metrics_lines(job), image=image, storage=self.storage(job.name),
                              namespace=str(outputs.training_namespace),
                              service_account=str(outputs.training_service_account),
                              workers=workers, launcher=SYSTEM_NODES)
@@ -319,8 +321,14 @@ class AwsBackend(Backend):
             time.sleep(POLL_S)
         launcher = self._launcher(handle)
         pods = {"items": [launcher] if launcher else []}
-        return job_result(handle.name, state, message, launcher_exit_code(pods),
-                          self._final_log(handle, launcher))
+        final = self._final_log(handle, launcher)
+        result = job_result(handle.name, state, message, launcher_exit_code(pods), final)
+        # the metrics records: from the followed log, whole; the final one is its last lines only
+        return dataclasses.replace(result, metrics=metrics_from_log(handle.details.get("log") or final))
+
+    def progress(self, handle: JobHandle) -> dict[str, Any] | None:
+        """The trainer's latest metrics record in the log followed so far (the flow's progress bar)."""
+        return _latest_step(handle.details.get("log") or [])
 
     def cancel(self, handle: JobHandle) -> None:
         """End the job on the cluster: its MPIJob and pods are deleted (a timeout, an interrupt, an error)."""
@@ -354,8 +362,16 @@ class AwsBackend(Backend):
         namespace = handle.details["namespace"]
         state, message = mpijob_state(self._k().get_json("mpijob", job_name, "-n", namespace))
         launcher = self._launcher(handle)
+        progress = None
+        if launcher is not None:   # how far it got: the newest metrics record in its log's tail
+            try:
+                progress = _latest_step(self._k().run("logs", "-n", namespace, pod_name(launcher), "-c",
+                                                      LAUNCHER_CONTAINER, "--tail=200").splitlines())
+            except BackendError:
+                progress = None
         return {"job": job_name, "namespace": namespace, "state": state, "message": message,
-                "exitCode": launcher_exit_code({"items": [launcher] if launcher else []})}
+                "exitCode": launcher_exit_code({"items": [launcher] if launcher else []}),
+                "progress": progress}
 
     def down(self) -> None:
         if self._ops is None:
@@ -534,6 +550,19 @@ class AwsBackend(Backend):
             except BackendError as e:
                 self._log(f"could not read the launcher's final log ({e}); using the followed lines")
         return list(handle.details.get("log") or [])
+
+
+def with_metrics_lines(job: JobSpec) -> JobSpec:
+    """The job with the trainer's --metrics-lines (pure): on EKS the launcher's log is all that comes
+    back, so the metrics records ride in it (train/metrics.py) and the flow draws the same report."""
+    if "--metrics-lines" in job.trainer_args:
+        return job
+    return dataclasses.replace(job, trainer_args=(*job.trainer_args, "--metrics-lines"))
+
+
+def _latest_step(lines: list[str]) -> dict[str, Any] | None:
+    records = [r for r in metrics_from_log(lines[-200:]) if "loss" in r]
+    return records[-1] if records else None
 
 
 def _node_resources(manifest: dict[str, Any]) -> dict[str, int]:

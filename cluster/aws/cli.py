@@ -129,6 +129,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     logs = _add(sub, "logs", "stream a submitted job's output (its launcher's log) until it ends",
                 "  ringtrain logs --stack dev --job resnet")
     logs.add_argument("--job", metavar="NAME", required=True, help="the submitted job's name")
+    logs.add_argument("--run-dir", type=Path, default=None,
+                      help="also draw the run's report from the log into this directory (report.png, "
+                           "summary.txt, metrics.jsonl)")
     logs.set_defaults(command_fn=cmd_logs)
 
 
@@ -198,6 +201,10 @@ def cmd_status(a: argparse.Namespace) -> int:
             code = "" if job["exitCode"] is None else f", launcher exit code {job['exitCode']}"
             print(f"job {job['namespace']}/{job['job']}: {job['state']}{code}"
                   + (f" ({job['message']})" if job["message"] else ""))
+            if job.get("progress"):
+                p = job["progress"]
+                print(f"  step {p['step']}, loss {p['loss']:.4f}, "
+                      f"{p.get('samples_per_sec', 0):.1f} samples/s, {p.get('world_size', '?')} workers")
         return 0 if job["state"] != "Failed" else EXIT_FAILED
     status = stack_status(AutomationStack(a.stack, create=False))
     if a.json:
@@ -294,6 +301,13 @@ def cmd_logs(a: argparse.Namespace) -> int:
         raise UsageError(f"--job {a.job!r}: {e}") from None
     backend = AwsBackend(a.stack, ops_factory=lambda s: AutomationStack(s, create=False))
     handle = backend.handle_for(a.job)
+    lines = []
     for line in backend.logs(handle):   # waits for the job to start, then follows its launcher to the end
         print(line, flush=True)
+        lines.append(line)
+    if a.run_dir is not None:   # the run's report rebuilt from the log (its metrics lines, its summary)
+        from cluster.report import result_from_log, write_run_report
+
+        files = write_run_report(result_from_log(a.job, lines), a.run_dir)
+        print(f"report {files.picture} (summary and metrics beside it)")
     return 0

@@ -200,7 +200,8 @@ def test_the_lm_example_trains_a_bpe_gpt_on_parquet_sourced_token_shards_and_res
     assert all(m["tokens_per_sec"] == m["samples_per_sec"] * 128 for m in records if "loss" in m)
     [held_out] = [m for m in records if "eval_perplexity" in m]
     assert held_out["eval_tokens"] > 10_000 and held_out["eval_perplexity"] < 2048 / 2, held_out
-    assert re.search(r"evaluation         loss [\d.]+, perplexity [\d.]+, tokens \d+", summary), summary
+    assert re.search(r"evaluation         loss [\d.]+, perplexity [\d.]+ \(\d+ tokens\) \(step \d+\)",
+                     summary), summary
 
 
 def test_ctrl_c_tears_everything_down():

@@ -211,7 +211,7 @@ def test_format_summary_shows_loss_throughput_checkpoints_and_the_resume():
     r.summary = a2.summary
     text = format_summary(r)
     assert "  tokens/s           3597, MFU 41.2% (last attempt)\n" in text
-    assert "  evaluation         loss 4.869, perplexity 130.1\n" in text
+    assert f"  evaluation         loss 4.8686, perplexity 130.1370 (step {a2.summary.steps})\n" in text
 
 
 # ---------------------------------------------------------------- CLI

@@ -77,8 +77,9 @@ def test_the_run_writes_a_picture_that_is_not_blank(tmp_path):
 
 def test_the_picture_has_each_attempts_loss_and_throughput_curve():
     data = report_data(reclaimed_and_resumed())
-    loss_ax, speed_ax = figure(data).axes
-    assert (loss_ax.get_ylabel(), speed_ax.get_ylabel()) == ("loss", "samples/s")
+    loss_ax, speed_ax, eval_ax = figure(data).axes   # the evaluation's accuracy on an axis of its own
+    assert (loss_ax.get_ylabel(), speed_ax.get_ylabel(), eval_ax.get_ylabel()) == ("loss", "samples/s",
+                                                                                  "accuracy")
     for ax, values in ((loss_ax, "loss"), (speed_ax, "samples_per_sec")):
         curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
                   for line in ax.get_lines() if line.get_marker() == "."}

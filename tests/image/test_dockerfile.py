@@ -349,10 +349,11 @@ HOROVOD_REQUIREMENTS = IMAGE_DIR / "requirements-horovod.txt"
 TRAIN_REQUIREMENTS = IMAGE_DIR / "requirements-train.txt"
 # What train/ uses (tests below read its imports): numpy, boto3 (+botocore), tqdm, tensorboard behind
 # torch.utils.tensorboard (--tensorboard-dir), torchvision and webdataset (the image and lm tasks),
-# xxhash (the checkpoint checksum), tokenizers and pyarrow (the lm task's tokenizer and Parquet text).
+# xxhash (the checkpoint checksum), tokenizers and pyarrow (the lm task's tokenizer and Parquet text),
+# safetensors (exports).
 # Horovod's runtime needs are what its metadata requires.
 TRAINER_DIRECT = ("numpy", "boto3", "tqdm", "tensorboard", "torchvision", "webdataset", "xxhash",
-                  "tokenizers", "pyarrow")
+                  "tokenizers", "pyarrow", "safetensors")
 CLUSTER_TOOLING = ("pulumi", "pulumi-aws", "pulumi-kubernetes", "pulumi-policy", "pydantic", "jsonschema",
                    "moto", "kubernetes-validate")
 

@@ -45,11 +45,22 @@ class DemoTask(Task):
     def describe(self) -> str:
         return f"--model {self.args.model} --width {self.args.width}"
 
+    input_shape: tuple[int, ...] | None = None  # of a loaded export
+
+    def model_info(self) -> dict:
+        from train import data as data_mod
+
+        return {"input_shape": list(self.dataset.input_shape if self.dataset else data_mod.INPUT_SHAPE),
+                "num_classes": data_mod.NUM_CLASSES}
+
+    def use_model_info(self, info: dict) -> None:
+        self.input_shape = tuple(info["input_shape"])
+
     def build_model(self):
         from train import data as data_mod
         from train.model import build_model
 
-        shape = self.dataset.input_shape if self.dataset else data_mod.INPUT_SHAPE
+        shape = self.input_shape or (self.dataset.input_shape if self.dataset else data_mod.INPUT_SHAPE)
         return build_model(self.args.model, shape, data_mod.NUM_CLASSES, self.args.width, self.args.dropout)
 
     def train_batches(self, position, rank, size):

@@ -204,6 +204,22 @@ class ImageTask(Task):
         if self.train_set is not None and self.args.loader_workers:
             start_forkserver_ignoring_stop_signals()
 
+    def prepare_eval(self) -> None:
+        self.eval_set = shards.open_dataset(self.args.eval_data, self.ctx.s3_endpoint_url, "image")
+        classes = getattr(self, "classes", None)
+        if classes is not None and self.eval_set.index["classes"] != classes:
+            raise BadInput(f"--eval-data {self.args.eval_data}: its classes differ from the model's")
+
+    def model_info(self) -> dict:
+        classes = (self.train_set.index["classes"] if self.train_set is not None
+                   else [str(i) for i in range(self.num_classes)])
+        # what inference needs to prepare an image as evaluation does (train/export.py)
+        return {"classes": classes, "image_size": self.args.image_size, "mean": MEAN, "std": STD}
+
+    def use_model_info(self, info: dict) -> None:
+        self.classes = info["classes"]
+        self.num_classes = len(self.classes)
+
     def build_model(self) -> torch.nn.Module:
         tv = import_torchvision()
         return tv.models.get_model(self.args.model, weights=None, num_classes=self.num_classes)

@@ -126,9 +126,32 @@ class LanguageModelTask(Task):
     def _vocab(view: tokens.WindowView) -> tuple[int, int]:
         return view.ds.index["vocab_size"], view.ds.index["eod_token"]
 
+    _model_vocab: int | None = None  # a loaded export's vocabulary (train/export.py)
+
+    def model_info(self) -> dict:
+        index = self.train_view.ds.index
+        tokenizer = index.get("tokenizer")
+        return {"vocab_size": index["vocab_size"], "eod_token": index["eod_token"],
+                "seq_len": self.args.seq_len,
+                # the tokenizer the data was packed with, beside the training data's index
+                "tokenizer": f"{self.ctx.data.rstrip('/')}/{tokenizer}" if tokenizer else None}
+
+    def use_model_info(self, info: dict) -> None:
+        self._model_vocab = int(info["vocab_size"])
+        self._model_eod = int(info["eod_token"])
+
+    def prepare_eval(self) -> None:
+        a = self.args
+        self.eval_view = tokens.open_dataset(a.eval_data, self.ctx.s3_endpoint_url).windows(a.seq_len)
+        ours = (self._model_vocab, self._model_eod)
+        if self._vocab(self.eval_view) != ours:
+            raise BadInput(f"--eval-data {a.eval_data}: vocabulary/end-of-document token "
+                           f"{self._vocab(self.eval_view)}, the model's are {ours}")
+
     def build_model(self) -> nn.Module:
         a = self.args
-        return gpt.GPT(self.train_view.ds.index["vocab_size"], a.seq_len, shape_from_args(a), a.dropout,
+        vocab = self._model_vocab or self.train_view.ds.index["vocab_size"]
+        return gpt.GPT(vocab, a.seq_len, shape_from_args(a), a.dropout,
                        activation_checkpointing=a.activation_checkpointing)
 
     def parameter_groups(self, model, weight_decay):
