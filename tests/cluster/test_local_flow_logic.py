@@ -204,13 +204,17 @@ def test_one_reclaim_per_run_and_the_resubmit_waits_for_it(object_store, dataset
 
 def test_backend_capabilities_are_typed_protocols():
     from cluster.aws.backend import AwsBackend
-    from cluster.backend import Cancel, FaultInjection, Progress
+    from cluster.backend import Cancel, FaultInjection, HardFaults, PreflightFloor, Progress
     from cluster.local.backend import LocalBackend
 
     local = LocalBackend(2, log=lambda m: None)   # not started: the capabilities are its methods
     assert isinstance(local, FaultInjection) and isinstance(local, Progress)
+    assert isinstance(local, HardFaults) and isinstance(local, PreflightFloor)
     aws = AwsBackend("dev")
-    assert not isinstance(aws, FaultInjection) and not isinstance(aws, Progress)
+    # AWS: progress from the launcher's metrics lines (issue 39), the catalog's busbw floor (issue 37);
+    # EC2 injects its own faults
+    assert not isinstance(aws, FaultInjection) and not isinstance(aws, HardFaults)
+    assert isinstance(aws, Progress) and isinstance(aws, PreflightFloor)
     assert isinstance(aws, Cancel) and isinstance(local, Cancel)
     assert isinstance(ReclaimingBackend(None, "b", []), FaultInjection)
     assert not isinstance(ScriptedBackend(None, "b", []), FaultInjection)
