@@ -16,6 +16,7 @@ import argparse
 
 from cluster.buckets import add_location_args, checkpoints_root
 from cluster.usage import UsageError
+from infra.storage_layout import checkpoint_key_prefix
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +48,8 @@ def cmd_export(a: argparse.Namespace) -> int:
     root, endpoint, _ = checkpoints_root(a)
     target = a.export_dir or f"{root}/exports/{a.job}"
     try:
-        record = export_checkpoint(f"{root}/checkpoints/{a.job}", target, a.step, endpoint)
+        source = f"{root}/{checkpoint_key_prefix(a.job).rstrip('/')}"
+        record = export_checkpoint(source, target, a.step, endpoint)
     except BadInput as e:
         raise UsageError(str(e)) from None
     print(f"exported {a.job} step {record['step']} to {target}")

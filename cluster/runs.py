@@ -24,6 +24,7 @@ from cluster.buckets import add_location_args, checkpoints_root
 from cluster.flow import FlowResult
 from cluster.run_cost import NodeGroupCost
 from cluster.usage import UsageError
+from infra.storage_layout import checkpoint_key_prefix
 
 RECORD = "run.json"
 RUNS_PREFIX = "runs"  # run records in the checkpoints bucket: runs/<job>/<UTC time>.json
@@ -105,7 +106,7 @@ def bucket_runs(store, where: str) -> list[dict[str, Any]]:
         record: dict[str, Any] = {"job": job, "when": None, "where": where, "state": "checkpoints only",
                                   "steps": None, "final_loss": None, "eval": None, "cost_usd": None,
                                   "export": None}
-        manifests = sorted(k for k in keys if k.startswith(f"checkpoints/{job}/")
+        manifests = sorted(k for k in keys if k.startswith(checkpoint_key_prefix(job))
                            and k.endswith(f"/{ckpt.MANIFEST}"))
         if manifests:
             manifest = json.loads(store.get(manifests[-1]))
