@@ -207,5 +207,8 @@ def test_submit_dry_run_prints_the_object_the_local_executor_runs(tmp_path, caps
     for key in ("slotsPerWorker", "launcherCreationPolicy", "mpiImplementation", "sshAuthMountPath"):
         assert local["spec"][key] == printed["spec"][key]
     assert worker_container(local)["args"] == worker_container(printed)["args"]
-    # The local store's endpoint and credentials travel in env; on AWS the pod's IAM role supplies them.
-    assert set(worker_container(local)) - {"env"} == set(worker_container(printed))
+    # The local store's endpoint and credentials travel in env; on AWS the pod's IAM role supplies them,
+    # and env carries the node group's network (issue 40 §2.2) and the stack's region (§1.8) only.
+    assert set(worker_container(local)) - {"env"} == set(worker_container(printed)) - {"env"}
+    aws_env = {e["name"] for e in worker_container(printed).get("env", [])}
+    assert "AWS_SECRET_ACCESS_KEY" not in aws_env and "RINGTRAIN_NETWORK" in aws_env, aws_env
