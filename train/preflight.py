@@ -13,7 +13,8 @@ the first step every job measures:
    two ends of the one link are all that can be named.
 
 The floor is per instance type, from the catalog (infra/catalog.yaml, with its source), passed as
---preflight-min-busbw; without a floor the figure is measured and reported only.
+--preflight-min-busbw; without a floor the figure is measured and reported only. Elastic jobs skip it
+(train/run.py preflight(): a joining worker's collectives would meet no others).
 """
 
 from __future__ import annotations
@@ -61,9 +62,6 @@ class PreflightResult:
     floor: float | None                   # bytes/s; None: report only
     pairs: dict[tuple[str, str], float] = field(default_factory=dict)   # measured when below the floor
     slow: list[str] = field(default_factory=list)
-
-    def pairs_hosts(self) -> list[str]:
-        return sorted({h for pair in self.pairs for h in pair})
 
     @property
     def passed(self) -> bool:

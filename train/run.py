@@ -15,7 +15,7 @@ from train.checkpoint.resume import broadcast_state
 from train.config import TrainConfig
 from train.contract import EXIT_PREFLIGHT_FAILED
 from train.errors import BadInput
-from train.preflight import host_name, measure
+from train.preflight import measure
 from train.recipe import configure_horovod_env
 from train.stop import STOP
 from train.trainer import Progress, Trainer
@@ -38,11 +38,13 @@ def check_horovod_runtime(cfg: TrainConfig, hvd) -> None:
 
 
 def preflight(cfg: TrainConfig, hvd, trainer: Trainer) -> bool:
-    """The allreduce bandwidth test (train/preflight.py), on every rank before anything else. True: this
-    rank must not train (below the floor: every rank, or in elastic mode the ranks on the slow hosts,
-    whose exit the elastic driver turns into the host's exclusion)."""
+    """The allreduce bandwidth test (train/preflight.py), on every rank before training. True: below the
+    floor, the job stops (every rank agrees on the figure).
+
+    Not in elastic mode: a worker that joins a running elastic job starts here too, and its collectives
+    would meet no others (the running ranks are resynchronising their state), so the job would hang."""
     h = cfg.health
-    if not h.preflight or hvd.size() < 2:
+    if not h.preflight or hvd.size() < 2 or cfg.horovod.elastic:
         return False
     mib = h.preflight_mib if h.preflight_mib is not None else (2048 if trainer.on_gpu else 2)
     floor = h.preflight_min_busbw_gbps * 1e9 if h.preflight_min_busbw_gbps is not None else None
@@ -52,13 +54,9 @@ def preflight(cfg: TrainConfig, hvd, trainer: Trainer) -> bool:
         print(f"ringtrain: {result.describe()}", file=sys.stderr, flush=True)
     if result.passed:
         return False
-    excluded = cfg.horovod.elastic and result.slow and len(result.slow) < len(set(result.pairs_hosts()))
-    if excluded and host_name() not in result.slow:
-        return False   # the elastic job goes on without the slow hosts
-    if hvd.rank() == 0 or (excluded and host_name() in result.slow):
-        what = "these hosts leave the elastic job" if excluded else "the job stops before training"
-        print(f"train: error: {result.describe()}; {what} (exit {EXIT_PREFLIGHT_FAILED}, not retried)",
-              file=sys.stderr, flush=True)
+    if hvd.rank() == 0:
+        print(f"train: error: {result.describe()}; the job stops before training (exit "
+              f"{EXIT_PREFLIGHT_FAILED}, not retried)", file=sys.stderr, flush=True)
     return True
 
 
@@ -71,10 +69,7 @@ def run(cfg: TrainConfig) -> int:
     if cfg.horovod.elastic:
         from train.elastic import run_elastic
 
-        trainer = Trainer(cfg, hvd, STOP)
-        if preflight(cfg, hvd, trainer):
-            return EXIT_PREFLIGHT_FAILED
-        return run_elastic(trainer, hvd)
+        return run_elastic(Trainer(cfg, hvd, STOP), hvd)   # (no preflight: see preflight())
 
     error = None
     found = None
