@@ -85,7 +85,9 @@ def metrics_steps(path: Path) -> list[int]:
     steps = []
     for line in path.read_text().splitlines():
         with contextlib.suppress(ValueError, KeyError):  # a line being written right now
-            steps.append(json.loads(line)["step"])
+            record = json.loads(line)
+            if "loss" in record:   # training records only (not the preflight's or evaluation's)
+                steps.append(record["step"])
     return steps
 
 
