@@ -251,20 +251,27 @@ def attempt_start(summary: RunSummary | None) -> str:
     return "from scratch"
 
 
-def ensure_dataset(storage: Storage, dataset: Dataset, out: Callable[[str], None] = print,
-                   timeout_s: float = 600) -> bool:
-    """Write `dataset` into storage's datasets bucket unless all its indexes are there. True if written."""
+def storage_client(storage: Storage):
+    """A boto3 S3 client for `storage`: its endpoint and, for the local store, its credentials."""
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
 
-    uris = dataset.uris(storage)
     env = storage.env
-    client = boto3.client(
+    return boto3.client(
         "s3", endpoint_url=storage.endpoint_url,
         aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
         aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
         region_name=env.get("AWS_DEFAULT_REGION"),
     )
+
+
+def ensure_dataset(storage: Storage, dataset: Dataset, out: Callable[[str], None] = print,
+                   timeout_s: float = 600) -> bool:
+    """Write `dataset` into storage's datasets bucket unless all its indexes are there. True if written."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    uris = dataset.uris(storage)
+    env = storage.env
+    client = storage_client(storage)
 
     def present(uri: str) -> bool:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
@@ -684,16 +691,9 @@ def _final_checkpoint_written(storage: Storage | None, job: JobSpec, last: JobRe
 def checkpoint_manifest_exists(storage: Storage, step: int) -> bool:
     """Whether the checkpoint of `step` is complete in the job's checkpoint store: its manifest, written
     after every object it lists (train/checkpoint.py), is there."""
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    env = storage.env
-    client = boto3.client(
-        "s3", endpoint_url=storage.endpoint_url,
-        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
-        region_name=env.get("AWS_DEFAULT_REGION"),
-    )
+    client = storage_client(storage)
     bucket, _, prefix = storage.checkpoint_uri.removeprefix("s3://").partition("/")
     try:
         client.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{step_dir(step)}/{MANIFEST}")

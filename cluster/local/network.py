@@ -134,7 +134,11 @@ def namespaces_available() -> tuple[bool, str]:
 
 
 def _ip(*args: str, netns: str | None = None) -> str:
-    cmd = ["ip", *args] if netns is None else ["ip", "-n", netns, *args]
+    return _run(["ip", *args] if netns is None else ["ip", "-n", netns, *args])
+
+
+def _run(cmd: list[str]) -> str:
+    """Run a network setup command; NetworkSetupError naming it when it fails."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -159,12 +163,7 @@ def rate_limit_commands(plan: NetworkPlan, host: HostPlan, rate: str) -> list[li
 def slow_down_link(plan: NetworkPlan, host: HostPlan, rate: str) -> None:
     """Cap the host's link at `rate` (tc tbf) until the host is stopped (its veth goes with it)."""
     for cmd in rate_limit_commands(plan, host, rate):
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise NetworkSetupError(f"`{' '.join(cmd)}` failed: {e}") from e
-        if out.returncode != 0:
-            raise NetworkSetupError(f"`{' '.join(cmd)}` failed: {out.stderr.strip() or out.returncode}")
+        _run(cmd)
 
 
 def _subnets_in_use() -> set[int]:
