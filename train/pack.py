@@ -35,6 +35,27 @@ def image_folder(src: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return classes, files
 
 
+def undecodable(files: list[Path], threads: int = 4) -> list[tuple[Path, str]]:
+    """The files PIL cannot decode, with why: each is decoded in full (a JPEG at 1/8 scale through
+    PIL's draft mode, which still reads every coded block, so a truncated file fails), on threads
+    (PIL's decoders release the GIL). Packed, such a file would fail training later, far from here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+
+    def why(path: Path) -> str | None:
+        try:
+            with Image.open(path) as img:
+                img.draft("RGB", (max(img.size[0] // 8, 1), max(img.size[1] // 8, 1)))
+                img.convert("RGB").load()
+        except Exception as e:  # PIL raises many types (OSError, SyntaxError, ValueError, ...)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    with ThreadPoolExecutor(threads) as pool:
+        return [(f, w) for f, w in zip(files, pool.map(why, files), strict=True) if w is not None]
+
+
 def _split(n: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.random.default_rng([seed, 0x9ACC]).permutation(n)
     n_eval = int(round(n * eval_fraction))
@@ -63,6 +84,12 @@ def pack(kind: str, src: list[str], out: str, eval_out: str | None, eval_fractio
     if len(src) != 1:
         raise BadInput(f"--src: one image folder (class-per-folder), got {len(src)}")
     classes, files = image_folder(Path(src[0]))
+    bad = undecodable([f for f, _ in files])
+    if bad:
+        listed = "; ".join(f"{f} ({w})" for f, w in bad[:10])
+        more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise BadInput(f"--src {src[0]}: {len(bad)} of {len(files)} images cannot be decoded, nothing "
+                       f"was written (remove or fix them): {listed}{more}")
     meta = {"kind": "image", "classes": classes}
     n = len(files)
 

@@ -158,3 +158,143 @@ def test_pack_digits_to_the_local_store_with_checksums(tmp_path, object_store, s
     labels = Counter(int(s["cls"]) for s in ds.read_shard(0))
     assert len(labels) == 10  # shuffled before sharding: every shard mixes the classes
     assert data_main(["pack", "images", "--src", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+
+
+def _edit_index(uri, **changes) -> None:
+    path = uri / "index.json"
+    index = json.loads(path.read_text())
+    for key, value in changes.items():
+        if key.startswith("shard0_"):
+            index["shards"][0][key[len("shard0_"):]] = value
+        else:
+            index[key] = value
+    path.write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"samples": "many"}, r'"samples" is \'many\'; expected a whole number >= 0'),
+    ({"shards": {"a": 1}}, r'"shards" is a dict; expected a list'),
+    ({"shard0_samples": "4"}, r'shards\[0\] \(shard-00000.tar\): "samples" is \'4\''),
+    ({"samples": 9}, r'"samples" is 9, but the shards hold 8'),
+    ({"classes": "ab"}, r'"classes" is \'ab\'; expected a list of at least 2 class names'),
+])
+def test_an_index_with_wrong_types_is_one_line_naming_the_field(tmp_path, capsys, change, message):
+    uri = tmp_path / "ds"
+    shards.write_dataset(str(uri), iter(_samples(2, 4)), {"kind": "image", "classes": ["a", "b"]})
+    _edit_index(uri, **change)
+    with pytest.raises(BadInput, match=message) as raised:
+        shards.open_dataset(str(uri), None, "image")
+    assert "\n" not in str(raised.value) and str(raised.value).startswith(f"{uri}/index.json: ")
+
+
+@pytest.mark.parametrize("name", ["../outside.tar", "/etc/passwd", "a/../../b.tar", ".hidden.tar",
+                                  "s3://other/x.tar", "a\\..\\b.tar", 7])
+def test_shard_names_that_leave_the_dataset_are_refused(tmp_path, name):
+    (tmp_path / "outside.tar").write_bytes(b"")
+    uri = tmp_path / "ds"
+    shards.write_dataset(str(uri), iter(_samples(2, 4)), {"kind": "image", "classes": ["a", "b"]})
+    _edit_index(uri, shard0_name=name)
+    with pytest.raises(BadInput, match=r"shards\[0\]: .*(leaves the dataset|must be a string)"):
+        shards.open_dataset(str(uri), None, "image")
+    _edit_index(uri, shard0_name="sub/shard-00000.tar")  # a plain relative path stays allowed
+    assert shards.open_dataset(str(uri), None, "image").shards[0]["name"] == "sub/shard-00000.tar"
+
+
+def test_pack_images_refuses_undecodable_files_and_names_them(tmp_path, capsys):
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for c in ("a", "b"):
+        (src / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (64, 48), (i * 40, 10, 200)).save(src / c / f"{i}.jpg", quality=90)
+    good = (src / "a" / "0.jpg").read_bytes()
+    (src / "a" / "1.jpg").write_bytes(good[: len(good) // 2])  # truncated
+    (src / "b" / "2.png").write_bytes(b"not a png at all")
+    out = tmp_path / "out"
+    assert data_main(["pack", "images", "--src", str(src), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "2 of 7 images cannot be decoded, nothing was written" in err
+    assert f"{src / 'a' / '1.jpg'} (" in err and f"{src / 'b' / '2.png'} (" in err
+    assert not out.exists() or not any(out.iterdir())
+    (src / "a" / "1.jpg").unlink()
+    (src / "b" / "2.png").unlink()
+    assert data_main(["pack", "images", "--src", str(src), "--out", str(out)]) == 0
+
+
+def _rank_batches(ds, seed, batch, rank, ranks, loaders, shuffle, position, n):
+    """A rank's first `n` batches and its positions, as its DataLoader delivers them: `loaders`
+    worker streams, taken in turn from DataLoader worker 0 on; the training process counts positions."""
+    plan = shards.Plan.from_state(position, ranks, loaders, shuffle).for_world(ds, seed, batch, ranks,
+                                                                              loaders, shuffle)
+    streams = [iter(shards.WorkerStream(ds, seed, batch, plan, plan.worker_for(rank, w)))
+               for w in range(loaders)]
+    positions = shards.RankPositions(ds, seed, batch, plan)
+    got, pos = [], position
+    for i in range(n):
+        got.append(_ids(next(streams[i % loaders])))
+        pos = positions.advance()
+    return got, pos
+
+
+@pytest.fixture
+def wide_set(tmp_path):
+    uri = str(tmp_path / "wide")
+    shards.write_dataset(uri, iter(_samples(16, 12, short_last=2)), {"kind": "image", "classes": ["a", "b"]})
+    return shards.open_dataset(uri, None, "image")
+
+
+def test_loader_workers_read_their_own_shards_and_a_shuffle_mixes_across_them(wide_set):
+    ds, seed, batch = wide_set, 11, 4
+    plan = shards.Plan.from_state(None, 2, 2, 20)
+    per_rank = plan.rank_length(ds, seed, batch)
+    seen, shard_workers = Counter(), {}
+    for rank in range(2):
+        got, pos = _rank_batches(ds, seed, batch, rank, 2, 2, 20, None, per_rank)
+        assert pos["epoch"] == 1 and pos["steps"] == 0
+        for i, b in enumerate(got):
+            seen.update(b)
+            for sid in b:
+                shard_workers.setdefault(sid.split(":")[0], set()).add((rank, i % 2))
+    assert max(seen.values()) == 1 and len(seen) == 2 * per_rank * batch
+    assert all(len(w) == 1 for w in shard_workers.values())  # each shard: one loader worker of one rank
+    # a block of 20 spans shards: most batches mix shards; without the shuffle each comes from one or two
+    first, _ = _rank_batches(ds, seed, batch, 0, 2, 2, 20, None, 4)
+    assert sum(len({s.split(":")[0] for s in b}) > 1 for b in first) >= 3
+    # a fresh shard order each epoch
+    epoch1 = shards.Plan(1, 4, None, 0, 2, 20).rank_segments(ds, seed, 0)
+    assert [s for s, *_ in epoch1] != [s for s, *_ in plan.rank_segments(ds, seed, 0)]
+
+
+@pytest.mark.parametrize("shuffle", [0, 20])
+def test_resume_with_several_loader_workers_continues_exactly(wide_set, shuffle):
+    for stop in (3, 5, 8):  # mid-block, odd (the other loader worker's turn), across an epoch
+        straight, _ = _rank_batches(wide_set, 3, 4, 1, 2, 2, shuffle, None, 20)
+        head, pos = _rank_batches(wide_set, 3, 4, 1, 2, 2, shuffle, None, stop)
+        json.dumps(pos)
+        tail, _ = _rank_batches(wide_set, 3, 4, 1, 2, 2, shuffle, pos, 20 - stop)
+        assert head + tail == straight
+
+
+@pytest.mark.parametrize(("before", "after"), [((2, 2), (3, 2)), ((2, 2), (1, 1)), ((1, 2), (2, 3))])
+def test_a_world_change_mid_block_deals_every_unread_sample_once(wide_set, before, after):
+    ds, seed, batch, shuffle = wide_set, 5, 3, 20
+    (ranks, loaders), (ranks2, loaders2) = before, after
+    consumed, positions = [], []
+    for rank in range(ranks):
+        got, pos = _rank_batches(ds, seed, batch, rank, ranks, loaders, shuffle, None, 3)
+        consumed += [s for b in got for s in b]
+        positions.append(pos)
+    assert all(p == positions[0] for p in positions)
+    plan = shards.Plan.from_state(positions[0], ranks).for_world(ds, seed, batch, ranks2, loaders2, shuffle)
+    assert plan.epoch == 0 and plan.world == ranks2 * loaders2
+    unread = sum(e - s for segs in plan.segments for _, s, e in segs)
+    assert unread + len(consumed) >= 190 - ranks * loaders * (batch + shuffle)  # tails only
+    rest = []
+    for rank in range(ranks2):
+        got, pos = _rank_batches(ds, seed, batch, rank, ranks2, loaders2, shuffle, positions[0],
+                                 plan.rank_length(ds, seed, batch))
+        rest += [s for b in got for s in b]
+        assert pos["epoch"] == 1
+    assert not set(consumed) & set(rest) and len(set(rest)) == len(rest)
+    assert len(rest) >= unread - ranks2 * loaders2 * batch  # only the tails that cannot fill a batch
