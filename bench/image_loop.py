@@ -2,8 +2,8 @@
 `python -m train --task image` (train/tasks/image.py), over the same shards, for the trainer and for
 the bare Horovod and DDP loops (bench/worker_hvd.py, bench/worker_ddp.py with --data DIR).
 
-The bare loops build their loader with the task's own pieces (the shard stream, the batch sampler,
-the decoding dataset and train_loader's DataLoader settings), so the comparison holds the input
+The bare loops build their loader with the task's own pieces (the loader workers' dataset, its
+DataLoader settings, the position count and the normalisation), so the comparison holds the input
 pipeline equal by construction and measures what the trainer's loop adds around it.
 """
 
@@ -54,32 +54,28 @@ class ImageShape:
 def image_workload(args, rank: int, world: int) -> tuple[torch.nn.Module, Callable[[], tuple]]:
     """The model and a next-batch function for a bare loop's worker: the task's DataLoader over this
     worker's share of the shards, as the trainer's ImageTask.train_batches builds it (on CPU: no
-    pinned memory; augmentation "standard", the task's default)."""
-    from train import shards
-    from train.tasks.image import (
-        DecodeSamples,
-        StreamBatches,
-        start_forkserver_ignoring_stop_signals,
-        train_loader,
-    )
+    pinned memory; the task's defaults: augmentation "standard", --decode auto, --shuffle-buffer)."""
+    from train import decode, shards
+    from train.tasks.image import ImageShards, make_loader, normalize, start_forkserver_ignoring_stop_signals
     from train.tasks.vision import import_torchvision
 
     ds = shards.open_dataset(args.data, None, "image")
-    shards.check_fits(ds, args.batch_size, world)
+    loaders = max(args.loader_workers, 1)
+    shards.check_fits(ds, args.batch_size, world, loaders)
     model = import_torchvision().models.get_model(args.model, weights=None,
                                                   num_classes=len(ds.index["classes"]))
-    batches = StreamBatches()
-    batches.stream = shards.ShardStream(ds, args.seed, args.batch_size, rank, world, None,
-                                        readahead=args.readahead_shards)
+    plan = shards.Plan.from_state(None, world, loaders, shards.DEFAULT_SHUFFLE_BUFFER)
+    positions = shards.RankPositions(ds, args.seed, args.batch_size, plan)
     if args.loader_workers:
         start_forkserver_ignoring_stop_signals()
-    loader = iter(train_loader(DecodeSamples(args.image_size, train=True, augment="standard"), batches,
-                               args.loader_workers, args.prefetch, pin_memory=False))
+    dataset = ImageShards(ds, args.seed, args.batch_size, rank, world, plan, decode.resolve("auto", False),
+                          args.image_size, "standard", args.readahead_shards)
+    loader = iter(make_loader(dataset, args.loader_workers, args.prefetch, pin_memory=False))
 
     def next_batch() -> tuple:
-        batch = next(loader)
-        batches.positions.popleft()  # the trainer pops each batch's position too
-        return batch
+        x, y = next(loader)
+        positions.advance()  # the trainer counts each batch's position too
+        return normalize(x), y
 
     return model, next_batch
 

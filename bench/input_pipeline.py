@@ -1,7 +1,7 @@
 """The image task's decoding, one DataLoader worker against a bare loop (the `input_pipeline` section
-of `python -m bench`): samples/s the task's DataLoader (train/tasks/image.py train_loader: the shard
-stream's batches, one forkserver worker decoding and augmenting them) delivers, against a bare loop
-decoding the same shards with the same transforms in one process. Interleaved, repeated.
+of `python -m bench`): samples/s the task's DataLoader (train/tasks/image.py make_loader over
+ImageShards: one forkserver worker streaming, decoding and augmenting its shards) delivers, against a
+bare loop decoding the same shards with the same transforms in one process. Interleaved, repeated.
 
 The images are generated PNGs of `image_px` pixels, larger than the digits' 8x8 so that decoding,
 not the loop around it, is what is timed; the shards sit in a temp directory, so the store is not.
@@ -37,8 +37,8 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
     import torch
     from PIL import Image
 
-    from train import shards
-    from train.tasks.image import DecodeSamples, StreamBatches, train_loader
+    from train import decode, shards
+    from train.tasks.image import ImageShards, image_bytes, make_loader
 
     rng = np.random.default_rng(0)
     torch.set_num_threads(1)
@@ -55,15 +55,18 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
         shards.write_dataset(tmp, iter(samples), {"kind": "image", "classes": ["0", "1"]})
         ds = shards.open_dataset(tmp, None, "image")
         n = shape.shards * shape.per_shard // shape.batch * shape.batch
-        decode = DecodeSamples(shape.size, train=True, augment="standard")
-        batches = StreamBatches()
-        loader = train_loader(decode, batches, workers=1, prefetch=shape.prefetch, pin_memory=False)
+        plan = shards.Plan.from_state(None, 1, 1, 0)
+        decoder = decode.resolve("auto", False)
+        # persistent: each run iterates it again, from the plan's start, in the same worker
+        loader = make_loader(ImageShards(ds, 0, shape.batch, 0, 1, plan, decoder, shape.size, "standard", 2),
+                             workers=1, prefetch=shape.prefetch, pin_memory=False, persistent=True)
 
         def bare() -> dict:
             t = time.perf_counter()
             got = 0
-            for samples_, _ in shards.ShardStream(ds, 0, shape.batch, 0, 1, None):
-                torch.utils.data.default_collate([decode[s] for s in samples_])
+            for samples_ in shards.WorkerStream(ds, 0, shape.batch, plan, 0):
+                torch.stack([decode.sample_tensor(image_bytes(s), seed, decoder, True, "standard", shape.size)
+                             for s, seed in samples_])
                 got += len(samples_)
                 if got >= n:
                     break
@@ -72,8 +75,6 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
             return {"samples_per_sec": rate}
 
         def worker() -> dict:
-            batches.stream = shards.ShardStream(ds, 0, shape.batch, 0, 1, None)
-            batches.positions.clear()
             t = time.perf_counter()
             got = 0
             for x, _ in loader:
@@ -90,5 +91,6 @@ def loader_vs_bare(shape: DecodeShape, repeats: int, progress: Callable[[str], N
         config = {"samples_per_run": n, **asdict(shape)}
         return run_comparison(
             [Contender("bare-loop", bare, {"what": "decode + collate in this process", **config}),
-             Contender("loader-worker", worker, {"what": "train_loader with 1 forkserver worker", **config})],
+             Contender("loader-worker", worker, {"what": "the task's loader, 1 forkserver worker",
+                                                 **config})],
             "bare-loop", repeats, progress=progress)

@@ -93,6 +93,10 @@ class ShardedDataset:
     def store(self):
         return open_store(self.uri, self.endpoint_url)
 
+    def __getstate__(self) -> dict:
+        # pickled to DataLoader workers: each opens its own store (a boto3 client is not picklable)
+        return {k: v for k, v in self.__dict__.items() if k != "store"}
+
     @property
     def shards(self) -> list[dict]:
         return self.index["shards"]

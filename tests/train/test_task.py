@@ -183,7 +183,7 @@ def test_image_task_synthetic_mode_is_horovods_synthetic_benchmark():
     assert s.steps == 3 and s.samples_per_sec > 0 and s.eval is None
 
 
-def test_image_decoding_is_a_function_of_the_sample_seed_and_pickles_without_torchvision_objects():
+def test_image_decoding_is_a_function_of_the_sample_seed_and_the_workers_dataset_pickles(tmp_path):
     import io
     import pickle
 
@@ -191,17 +191,23 @@ def test_image_decoding_is_a_function_of_the_sample_seed_and_pickles_without_tor
     import torch
     from PIL import Image
 
-    from train.tasks.image import DecodeSamples
+    from train import decode, shards
+    from train.tasks.image import ImageShards
 
     buf = io.BytesIO()
     Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8)).save(buf, "PNG")
-    sample = {"__key__": "0", "png": buf.getvalue(), "cls": b"3"}
-    decode = DecodeSamples(16, train=True, augment="standard")
-    x, y = decode[(sample, 7)]
-    assert x.shape == (3, 16, 16) and y == 3
-    # DataLoader workers get it pickled: without the transforms, which they rebuild (unpickled,
-    # torchvision's objects would import torchvision without train/tasks/vision.py's repair)
-    clone = pickle.loads(pickle.dumps(decode))
-    assert clone._tf is None
-    assert torch.equal(clone[(sample, 7)][0], x)  # the same crop and flip from the same seed
-    assert any(not torch.equal(decode[(sample, s)][0], x) for s in range(8, 16))  # other seeds differ
+    data = buf.getvalue()
+    x = decode.sample_tensor(data, 7, "pil", True, "standard", 16)
+    assert x.shape == (3, 16, 16) and x.dtype == torch.uint8
+    assert torch.equal(decode.sample_tensor(data, 7, "pil", True, "standard", 16), x)  # same seed, same crop
+    assert any(not torch.equal(decode.sample_tensor(data, s, "pil", True, "standard", 16), x)
+               for s in range(8, 16))  # other seeds differ
+    # DataLoader workers get the dataset pickled: its store (a boto3 client on S3) is made there
+    samples = [{"__key__": f"{i}", "png": data, "cls": b"1"} for i in range(4)]
+    shards.write_dataset(str(tmp_path), iter([samples]), {"kind": "image", "classes": ["a", "b"]})
+    ds = shards.open_dataset(str(tmp_path), None, "image")
+    _ = ds.store
+    dataset = ImageShards(ds, 0, 2, 0, 1, shards.Plan.from_state(None, 1), "pil", 16, "standard", 1)
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert "store" not in vars(clone.ds)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(clone, dataset, strict=False))
