@@ -15,10 +15,16 @@ from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 from train.errors import BadInput
 from train.task import BUILTIN_TASKS, DEFAULT_TASK, Task, load_task
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 COMPRESSIONS = ("none", "fp16")
 CPU_AFFINITIES = ("auto", "off")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# How --lr grows with the global batch (workers x backward passes per step): linear for SGD (Goyal et
+# al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", section 2.1), the square
+# root for Adam and AdamW (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
+# Algorithms": the square-root scaling rule; Hoffer et al. 2017 argue the same for SGD's noise scale).
+LR_SCALINGS = ("linear", "sqrt", "none")
+DEFAULT_LR_SCALING = {"sgd": "linear", "adam": "sqrt", "adamw": "sqrt"}
 # How a checkpoint leaves the live tensors (train.checkpoint.writer), named as torchtitan names them.
 CHECKPOINT_MODES = ("async", "async_with_pinned_mem")
 # --nccl-algo: the value of NCCL_ALGO each choice sets. Without it NCCL picks per collective (ring, tree
@@ -53,6 +59,8 @@ class OptimConfig:
     step_factor: float = 0.1
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)  # adam, adamw (torch's defaults)
+    lr_scaling: str = "linear"  # LR_SCALINGS; parse_args picks the optimizer's default
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ class WeightsConfig:
 class TrainConfig:
     steps: int = 100
     seed: int = 0
-    precision: str = "fp32"
+    precision: str = "auto"  # auto: bf16 on GPUs that support it, else fp32 (train.recipe.resolve_precision)
     tf32: bool = True  # GPU workers: TF32 for fp32 matmuls and convolutions
     cpu_affinity: str = "auto"  # auto: CPU workers pinned to their share of the host's cores; off
     s3_endpoint_url: str | None = None
@@ -151,9 +159,16 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
     p.add_argument("--steps", type=int, default=100,
                    help="optimizer steps in total (a resumed run counts on)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per backward pass")
-    p.add_argument("--lr", type=float, default=0.05, help="per-worker learning rate, scaled by world size")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    p.add_argument("--lr", type=float, default=0.05,
+                   help="per-worker learning rate, scaled with the global batch by --lr-scaling")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                   help="sgd (with --momentum), adam, adamw (decoupled weight decay; with --betas)")
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.999), metavar=("BETA1", "BETA2"),
+                   help="adam/adamw: the moments' decay rates (default 0.9 0.999)")
+    p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=None,
+                   help="how --lr grows with workers x backward passes: linear (Goyal et al. 2017; "
+                        "sgd's default), sqrt (Malladi et al. 2022; adam's and adamw's default), none")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear LR warmup from lr to the scaled lr")
     p.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
                    help="after warmup: constant; cosine (down to 0 at --steps); step (x --lr-step-factor "
@@ -174,7 +189,9 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
                         "non-blocking copies that run beside the next step's forward and backward passes")
     p.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None,
                    help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="auto (default): bf16 autocast on GPUs that support it (Ampere and later), fp32 "
+                        "elsewhere (CPU workers included); fp32; bf16; fp16 (with a loss scaler)")
     p.add_argument("--compression", choices=COMPRESSIONS, default="none")
     p.add_argument("--backward-passes-per-step", type=int, default=1)
     p.add_argument("--adasum", action="store_true", help="reduce gradients with Adasum instead of averaging")
@@ -276,7 +293,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         data=DataConfig(source=a.data, batch_size=a.batch_size),
         optim=OptimConfig(name=a.optimizer, lr=a.lr, momentum=a.momentum, warmup_steps=a.warmup_steps,
                           schedule=a.lr_schedule, step_every=a.lr_step_every, step_factor=a.lr_step_factor,
-                          weight_decay=a.weight_decay, clip_grad_norm=a.clip_grad_norm),
+                          weight_decay=a.weight_decay, clip_grad_norm=a.clip_grad_norm,
+                          betas=tuple(a.betas), lr_scaling=a.lr_scaling or DEFAULT_LR_SCALING[a.optimizer]),
         horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
                               adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
                               cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
@@ -309,6 +327,8 @@ def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     need(0.0 <= cfg.optim.momentum < 1.0, f"--momentum {cfg.optim.momentum}: must be in [0, 1)")
     need(cfg.optim.warmup_steps >= 0, f"--warmup-steps {cfg.optim.warmup_steps}: must be >= 0")
     need(cfg.optim.weight_decay >= 0, f"--weight-decay {cfg.optim.weight_decay}: must be >= 0")
+    need(all(0.0 <= b < 1.0 for b in cfg.optim.betas),
+         f"--betas {' '.join(map(str, cfg.optim.betas))}: each must be in [0, 1)")
     need(cfg.optim.schedule != "step" or cfg.optim.step_every >= 1,
          f"--lr-schedule step needs --lr-step-every >= 1 (got {cfg.optim.step_every})")
     need(0 < cfg.optim.step_factor <= 1, f"--lr-step-factor {cfg.optim.step_factor}: must be in (0, 1]")

@@ -34,7 +34,7 @@ import json
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -244,6 +244,7 @@ class Plan:
     steps: int  # batches each rank has taken in this plan
     loader_workers: int = 1  # plan workers per rank
     shuffle: int = 0  # the block shuffle's size in samples; 0: each shard's own order only
+    batch: int = 0  # samples per batch the steps count; 0: not recorded (positions written before)
 
     @classmethod
     def from_state(cls, state: dict | None, world: int, loader_workers: int = 1, shuffle: int = 0) -> Plan:
@@ -253,14 +254,14 @@ class Plan:
         try:
             return cls(epoch=int(state["epoch"]), world=int(state["world"]), segments=state["segments"],
                        steps=int(state["steps"]), loader_workers=int(state.get("loader_workers", 1)),
-                       shuffle=int(state.get("shuffle", 0)))
+                       shuffle=int(state.get("shuffle", 0)), batch=int(state.get("batch", 0)))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise BadInput(f"the saved data position {str(state)[:200]} is not one this reader wrote "
                            f"({type(e).__name__}: {e})") from None
 
     def state(self) -> dict:
         return {"epoch": self.epoch, "world": self.world, "segments": self.segments, "steps": self.steps,
-                "loader_workers": self.loader_workers, "shuffle": self.shuffle}
+                "loader_workers": self.loader_workers, "shuffle": self.shuffle, "batch": self.batch}
 
     @property
     def ranks(self) -> int:
@@ -339,16 +340,19 @@ class Plan:
 
     def for_world(self, ds: ShardedDataset, seed: int, batch_size: int, world: int,
                   loader_workers: int = 1, shuffle: int | None = None) -> Plan:
-        """This position for `world` ranks of `loader_workers` each: unchanged for the same layout;
-        otherwise the samples no worker consumed yet, cut into equal runs for the new plan workers
-        (elastic resume: at most one segment per cut is shared by two workers), or the next epoch when
-        they cannot fill a batch each. `shuffle` (None: keep the plan's) applies from the re-dealt plan
-        or the next epoch on."""
+        """This position for `world` ranks of `loader_workers` each, taking batches of `batch_size`:
+        unchanged for the same layout; otherwise the samples no worker consumed yet (counted in the
+        batches the position was saved with), cut into equal runs for the new plan workers (elastic
+        resume: at most one segment per cut is shared by two workers), or the next epoch when they
+        cannot fill a batch each. `shuffle` (None: keep the plan's) applies from the re-dealt plan or
+        the next epoch on."""
         shuffle = self.shuffle if shuffle is None else shuffle
+        saved_batch = self.batch or batch_size
         plan = self
         workers = world * loader_workers
-        if (workers, loader_workers, shuffle) != (self.world, self.loader_workers, self.shuffle):
-            left = self.remaining(ds, seed, batch_size)
+        if (workers, loader_workers, shuffle, saved_batch) != (self.world, self.loader_workers, self.shuffle,
+                                                               batch_size):
+            left = self.remaining(ds, seed, saved_batch)
             share = sum(e - s for _, s, e in left) // workers
             dealt: list[list[list[int]]] = [[] for _ in range(workers)]
             rank, room = 0, share
@@ -362,12 +366,13 @@ class Plan:
                     if room == 0:
                         rank, room = rank + 1, share
             plan = Plan(self.epoch, workers, dealt, 0, loader_workers, shuffle)
+        plan = replace(plan, batch=batch_size)
         if plan.steps >= plan.rank_length(ds, seed, batch_size):
             return plan.next_epoch()
         return plan
 
     def next_epoch(self) -> Plan:
-        return Plan(self.epoch + 1, self.world, None, 0, self.loader_workers, self.shuffle)
+        return Plan(self.epoch + 1, self.world, None, 0, self.loader_workers, self.shuffle, self.batch)
 
 
 
@@ -395,7 +400,7 @@ class RankPositions:
     def advance(self) -> dict:
         """The position after one more batch of this rank."""
         p = self.plan
-        self.plan = Plan(p.epoch, p.world, p.segments, p.steps + 1, p.loader_workers, p.shuffle)
+        self.plan = replace(p, steps=p.steps + 1)
         if self.plan.steps >= self._length:
             self.plan = self.plan.next_epoch()
             self._length = self.plan.rank_length(self.ds, self.seed, self.batch_size)

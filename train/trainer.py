@@ -28,7 +28,16 @@ from train.evaluation import evaluate
 from train.gpu import memory_format, to_device
 from train.metrics import MetricsLog
 from train.placement import place_worker
-from train.recipe import autocast_dtype, gradient_groups, lr_at, predivide_factor, step_seed
+from train.recipe import (
+    autocast_dtype,
+    build_optimizer,
+    gradient_groups,
+    layout_change,
+    lr_at,
+    predivide_factor,
+    resolve_precision,
+    step_seed,
+)
 from train.stop import StopRequest
 from train.stragglers import OwnTime, straggler_fields
 from train.summary import RunSummary
@@ -69,6 +78,8 @@ class Trainer:
         self.stop = stop
         placement = place_worker(cfg, hvd.local_rank(), hvd.local_size())
         self.on_gpu, self.device, self.cpus = placement.on_gpu, placement.device, placement.cpus
+        self.precision = resolve_precision(cfg.precision, self.on_gpu,
+                                           self.on_gpu and torch.cuda.is_bf16_supported())
         context = TaskContext(data=cfg.data.source, batch_size=cfg.data.batch_size, seed=cfg.seed,
                               steps=cfg.steps, device=self.device, s3_endpoint_url=cfg.s3_endpoint_url,
                               local_rank=hvd.local_rank(), local_size=hvd.local_size())
@@ -93,6 +104,8 @@ class Trainer:
                                  rank=hvd.rank())
         self.own_time = OwnTime()   # this rank's own work per step, for the straggler figures
         self.preflight: dict | None = None   # train/preflight.py's record, logged with the first metrics
+        self.eval_time = 0.0  # seconds evaluating, left out of train_time and samples/s
+        self._window: _Window | None = None  # the loop's throughput window, while it runs
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self) -> ckpt.Found | None:
@@ -102,7 +115,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.metrics.tensorboard_dir:
             check_tensorboard_dir(cfg.metrics.tensorboard_dir, cfg.s3_endpoint_url)
-        if cfg.precision == "fp16" and not self.on_gpu and not fp16_autocast_works():
+        if self.precision == "fp16" and not self.on_gpu and not fp16_autocast_works():
             raise BadInput("--precision fp16 needs a GPU here (CPU autocast lacks float16); use bf16 or fp32")
         if cfg.checkpoint.mode == "async_with_pinned_mem" and not self.on_gpu:
             raise BadInput("--checkpoint-mode async_with_pinned_mem needs a GPU (it stages the state in "
@@ -170,13 +183,7 @@ class Trainer:
             named.append(("ringtrain_step_stats", self.step_stats))
             groups.append({"params": [self.step_stats], "lr": 0.0, "weight_decay": 0.0,
                            "ringtrain_stats": True})
-        if cfg.optim.name == "sgd":
-            base = torch.optim.SGD(groups, lr=cfg.optim.lr, momentum=cfg.optim.momentum,
-                                   weight_decay=cfg.optim.weight_decay)
-        elif cfg.optim.name == "adamw":
-            base = torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        else:
-            base = torch.optim.Adam(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        base = build_optimizer(cfg, groups)
         compression = hvd.Compression.fp16 if cfg.horovod.compression == "fp16" else hvd.Compression.none
         self.gradient_groups = gradient_groups(cfg, self.on_gpu)
         self.optimizer = hvd.DistributedOptimizer(
@@ -198,14 +205,22 @@ class Trainer:
         # step's forward and backward passes, which only read the state: not with Adasum, whose
         # backward pass runs the optimizer, nor in elastic mode, where a reset restores it mid-step.
         self.copy_overlaps_step = not (self.adasum_updates or cfg.horovod.elastic)
-        self.amp_dtype = autocast_dtype(cfg.precision)
+        self.amp_dtype = autocast_dtype(self.precision)
         self.autocast = (partial(torch.autocast, self.device.type, dtype=self.amp_dtype)
                          if self.amp_dtype is not None else nullcontext)
-        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
         # Losses below are already averaged over the ranks (they come out of the step's allreduce).
         self.loss_sum = 0.0
         self.loss_count = 0
         self.last_loss: float | None = None
+
+    def scaler_state(self) -> dict | None:
+        """The loss scaler's state (--precision fp16), or None."""
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_scaler_state(self, state: dict | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
     def apply_checkpoint(self, state: dict, progress) -> None:
         """Load a checkpoint (read by rank 0; on the others broadcast tensor by tensor)."""
@@ -218,8 +233,11 @@ class Trainer:
             raise BadInput(f"checkpoint step {state.get('step')} in {c.checkpoint.uri} does not fit this "
                            f"model/optimizer (--task {c.task.name} {task_flags} --optimizer {c.optim.name}): "
                            f"{str(e).splitlines()[0]}") from None
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        self.load_scaler_state(state.get("scaler"))
+        if self.hvd.rank() == 0:
+            change = layout_change(state, self.cfg, self.hvd.size(), self.hvd.local_size(), self.on_gpu)
+            if change:
+                print(change, file=sys.stderr, flush=True)
         progress.step = int(state["step"])
         progress.data = state["sampler"]
         self.resumed_from_step = progress.step
@@ -326,9 +344,15 @@ class Trainer:
     def evaluate(self, step: int) -> dict | None:
         """The task's metrics (train.evaluation), logged; None for a task without evaluation. A
         collective: every rank calls it at the same steps."""
+        started = time.perf_counter()
         metrics = evaluate(self.task, self.model, self.hvd, self.autocast, self.device, self.memory_format)
         if metrics is not None and self.log is not None:
             self.log.log({"step": step, **metrics, "time": time.time()})
+        # Samples/s and training time leave evaluation out: its time moves the throughput window on.
+        spent = time.perf_counter() - started
+        self.eval_time += spent
+        if self._window is not None:
+            self._window.since += spent
         return metrics
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -344,9 +368,12 @@ class Trainer:
             "step": progress.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scaler": self.scaler_state(),
             "sampler": progress.data,
             "world_size": self.hvd.size(),
+            "local_size": self.hvd.local_size(),
+            "batch_size": self.cfg.data.batch_size,
+            "backward_passes_per_step": self.cfg.horovod.backward_passes_per_step,
             "loss": loss,
             export.CHECKPOINT_KEY: self.weights.record(progress.step, self.last_eval),  # `ringtrain export`
         }
@@ -359,7 +386,7 @@ class Trainer:
         """Train from progress.step to --steps, or until a stop, then finish. `commit` (elastic mode):
         the state's commit, a collective, made at the same steps on every rank."""
         step_sleep = float(os.environ.get(FAULT_STEP_SLEEP_ENV, "0") or 0)
-        window = _Window(time.perf_counter())
+        window = self._window = _Window(time.perf_counter())
         t_start = window.since
         self.checkpointer.warn_if_resumed_rate_outlasts_a_stop()
         self.watchdog.rank = self.hvd.rank()   # elastic: a reset may renumber this process
@@ -372,6 +399,7 @@ class Trainer:
     def _loop(self, progress, commit, step_sleep: float, window: _Window, t_start: float) -> RunResult:
         cfg = self.cfg
         stopped_at = None  # time.monotonic() of the stop this loop ends on
+        eval_before = self.eval_time
         while progress.step < cfg.steps:
             stopping = self.train_step(progress)
             if step_sleep:
@@ -390,7 +418,8 @@ class Trainer:
                 stopped_at = self.stop.at if self.stop.at is not None else time.monotonic()
                 break
             self.between_steps(progress, last, commit)
-        self.train_time += time.perf_counter() - t_start
+        self.train_time += time.perf_counter() - t_start - (self.eval_time - eval_before)
+        self._window = None
         return self.finish(progress, stopped_at)
 
     def record_step(self, progress, window: _Window, flush: bool) -> None:

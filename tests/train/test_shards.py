@@ -298,3 +298,23 @@ def test_a_world_change_mid_block_deals_every_unread_sample_once(wide_set, befor
         assert pos["epoch"] == 1
     assert not set(consumed) & set(rest) and len(set(rest)) == len(rest)
     assert len(rest) >= unread - ranks2 * loaders2 * batch  # only the tails that cannot fill a batch
+
+
+def test_a_resume_with_another_batch_size_reads_every_unread_sample_once(wide_set):
+    ds, seed, shuffle = wide_set, 9, 20
+    consumed, positions = [], []
+    for rank in range(2):
+        got, pos = _rank_batches(ds, seed, 4, rank, 2, 2, shuffle, None, 5)
+        consumed += [s for b in got for s in b]
+        positions.append(pos)
+    assert positions[0]["batch"] == 4
+    plan = shards.Plan.from_state(positions[0], 2).for_world(ds, seed, 6, 2, 2, shuffle)
+    assert plan.epoch == 0 and plan.batch == 6 and plan.segments is not None  # re-dealt, not re-counted
+    rest = []
+    for rank in range(2):
+        got, pos = _rank_batches(ds, seed, 6, rank, 2, 2, shuffle, positions[0],
+                                 plan.rank_length(ds, seed, 6))
+        rest += [s for b in got for s in b]
+        assert pos["epoch"] == 1
+    assert not set(consumed) & set(rest) and len(set(rest)) == len(rest)
+    assert len(consumed) + len(rest) >= 190 - 4 * (6 + 20)

@@ -30,6 +30,7 @@ from train import decode, shards
 from train.errors import BadInput
 from train.gpu import memory_format
 from train.prefetch import prefetched, to_device
+from train.recipe import param_groups
 from train.task import Example, Task
 from train.tasks.vision import import_torchvision
 
@@ -320,6 +321,10 @@ class ImageTask(Task):
 
             model = convert_sync_batchnorm(model, hvd.SyncBatchNorm)
         return model
+
+    def parameter_groups(self, model, weight_decay):
+        """No weight decay on biases and normalisation weights (train.recipe.param_groups)."""
+        return param_groups(list(model.named_parameters()), weight_decay)
 
     def _move(self, batch):
         """A batch from the loader onto the device (on the prefetch stream, train.prefetch)."""
