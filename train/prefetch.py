@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from train.gpu import to_device
+
 
 def _record(batch: Any, stream) -> None:
     if isinstance(batch, torch.Tensor):
@@ -29,26 +31,14 @@ def _record(batch: Any, stream) -> None:
             _record(b, stream)
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors (in tuples, lists, dicts) copied to `device` without blocking the host (from pinned
-    memory, the copy is asynchronous)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
 def prefetched(pairs: Iterator[tuple[Any, Any]], device: torch.device,
                move: Callable[[Any], Any] | None = None) -> Iterator[tuple[Any, Any]]:
     """(batch, extra) pairs with each batch on `device`, the next one's copy (`move`, default
-    `to_device`) running on a side stream while the caller computes on the current one."""
+    train.gpu.to_device) running on a side stream while the caller computes on the current one."""
     if device.type != "cuda":
         yield from pairs
         return
-    move = move or (lambda batch: to_device(batch, device))
+    move = move or (lambda batch: to_device(batch, device))  # 4-d inputs keep their layout here
     side = torch.cuda.Stream(device=device)
 
     def load():

@@ -353,7 +353,7 @@ TRAIN_REQUIREMENTS = IMAGE_DIR / "requirements-train.txt"
 # safetensors (exports).
 # Horovod's runtime needs are what its metadata requires.
 TRAINER_DIRECT = ("numpy", "boto3", "tqdm", "tensorboard", "torchvision", "webdataset", "xxhash",
-                  "tokenizers", "pyarrow", "safetensors")
+                  "tokenizers", "pyarrow", "safetensors", "simplejpeg")
 CLUSTER_TOOLING = ("pulumi", "pulumi-aws", "pulumi-kubernetes", "pulumi-policy", "pydantic", "jsonschema",
                    "moto", "kubernetes-validate")
 

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from train import decode, shards
 from train.errors import BadInput
-from train.gpu import memory_format
-from train.prefetch import prefetched, to_device
+from train.gpu import memory_format, to_device
+from train.prefetch import prefetched
 from train.recipe import param_groups
 from train.task import Example, Task
 from train.tasks.vision import import_torchvision
