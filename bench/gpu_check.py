@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as work:
             check(report, "trainer_fp16_then_bf16_resume", lambda: trainer_runs(Path(work)))
         check(report, "resnet50_synthetic", resnet50)
+        from bench.gpu_step import measure  # the trainer's own step against a bare loop (issue 35)
+
+        measure(report, check)
         failed = [k for k, v in report["checks"].items() if v["status"] == "failed"]
         report["status"] = f"failed: {', '.join(failed)}" if failed else "ok"
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
