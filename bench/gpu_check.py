@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         check(report, "resnet50_synthetic", resnet50)
         from bench.gpu_step import measure  # the trainer's own step against a bare loop (issue 35)
 
-        measure(report, check)
+        measure(report, check, lambda: resnet50(batch_size=256))
         failed = [k for k, v in report["checks"].items() if v["status"] == "failed"]
         report["status"] = f"failed: {', '.join(failed)}" if failed else "ok"
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

@@ -141,37 +141,6 @@ def trainer_images_per_sec(data: str, *, model: str = "resnet50", batch: int = 2
             else "packed JPEGs"}
 
 
-def bare_images_per_sec(*, batch: int = 256, steps: int = 30, warmup: int = 8) -> dict:
-    """A bare torch loop: ResNet-50, synthetic batch on the GPU, bf16 autocast, channels_last, SGD."""
-    import torch
-    import torch.nn.functional as F
-
-    from train.tasks.vision import import_torchvision
-
-    torch.backends.cudnn.benchmark = True
-    model = import_torchvision().models.resnet50().cuda().to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (batch,), device="cuda")
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return {"images_per_sec": round(batch * steps / (time.perf_counter() - started), 1), "batch_size": batch,
-            "steps": steps}
-
-
 def packed_photos(workdir: Path, images: int = 2048) -> str:
     from bench.image_input import InputShape, write_photos
     from train.data import main as data_main
@@ -185,8 +154,10 @@ def packed_photos(workdir: Path, images: int = 2048) -> str:
     return str(packed)
 
 
-def measure(report: dict, check) -> None:
-    """gpu-check's checks for the trainer's step; `check(report, name, fn)` records each."""
+def measure(report: dict, check, bare_loop) -> None:
+    """gpu-check's checks for the trainer's step; `check(report, name, fn)` records each; `bare_loop()`
+    times the bare torch loop (bench.gpu_check.resnet50 at batch 256: the same model, bf16 autocast,
+    channels_last, SGD, synthetic batch on the device) and returns its images_per_sec."""
     import os
 
     hvd, note = horovod_or_stand_in()
@@ -194,7 +165,7 @@ def measure(report: dict, check) -> None:
     bare: list[float] = []
 
     def bare_run() -> dict:
-        result = bare_images_per_sec()
+        result = bare_loop()
         bare.append(result["images_per_sec"])
         return result
 
