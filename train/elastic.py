@@ -33,10 +33,19 @@ def run_elastic(trainer: Trainer, hvd) -> int:
             trainer.weights.apply(trainer.model)
         except BadInput as e:
             bad_input = str(e)
+    # The loss scaler's state (--precision fp16) rides on the state as a plain dict, refreshed at each
+    # commit and loaded back after every sync or rollback: each rank unscales the averaged gradients
+    # by its own scale, so a worker that joined with a fresh scale (65536) while the others had backed
+    # off would step differently and the replicas would drift apart.
     state = hvd.elastic.TorchState(model=trainer.model, optimizer=trainer.optimizer, step=progress.step,
                                    data=progress.data,
                                    last_checkpoint_step=progress.last_checkpoint_step,
-                                   resumed_from_step=trainer.resumed_from_step, bad_input=bad_input)
+                                   resumed_from_step=trainer.resumed_from_step, bad_input=bad_input,
+                                   scaler=trainer.scaler_state())
+
+    def commit() -> None:
+        state.scaler = trainer.scaler_state()
+        state.commit()
 
     def on_reset() -> None:
         # Counted per process, not on the state: state.sync() restores the last commit.
@@ -50,6 +59,7 @@ def run_elastic(trainer: Trainer, hvd) -> int:
         if state.bad_input:
             raise BadInput(state.bad_input)
         trainer.resumed_from_step = state.resumed_from_step
-        return trainer.loop(state, commit=state.commit)
+        trainer.load_scaler_state(state.scaler)  # rank 0's after a sync, the commit's after a rollback
+        return trainer.loop(state, commit=commit)
 
     return train(state).exit_code
