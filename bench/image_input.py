@@ -177,6 +177,27 @@ def ratios(records: dict[str, list[dict]]) -> dict:
     }
 
 
+def rows_markdown(result: dict, when: str) -> str:
+    """The three rows as a bench/RESULTS.md table (for bench.report to take up)."""
+    labels = {"images_per_s_vs_bare": ("images/s: task loader / bare WebDataset loop, 2 workers each",
+                                       ">="),
+              "main_cpu_per_image_vs_bare": ("training process CPU per image: task / bare loop", "<="),
+              "two_workers_vs_one": ("images/s: task loader, 2 workers / 1 worker", ">=")}
+    lines = [f"**Image input path** ({when}; photo-like 500x375 JPEGs at quality 90, crop 224, batch 32, "
+             f"{len(result['images_per_s_vs_bare']['per_repeat'])} interleaved repeats; the machine was shared "
+             "with other sessions, so single runs swing widely):", "",
+             "| row | median | per repeat | target |", "|---|---:|---|---|"]
+    for key, (label, bound) in labels.items():
+        r = result[key]
+        each = ", ".join(f"{v:.2f}" for v in r["per_repeat"])
+        lines.append(f"| {label} | {r['median']:.2f}x | {each} | {bound} {r['target']}: "
+                     f"{'met' if r['met'] else 'not met'} |")
+    cpu = result["main_cpu_us_per_image"]
+    per_image = ", ".join(f"{k} {v:.0f} us" for k, v in cpu.items())
+    lines += ["", f"Training process CPU per image, median: {per_image}."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -194,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if r['met'] else 'NOT met'}")
     print("training process CPU per image (us): " + ", ".join(
         f"{k} {v:.0f}" for k, v in result["main_cpu_us_per_image"].items()))
+    print(rows_markdown(result, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
     return 0

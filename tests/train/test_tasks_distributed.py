@@ -92,7 +92,7 @@ def test_image_task_on_two_workers_resumes_with_the_same_losses_bit_for_bit(digi
     steps = 10
     common = ("--task", "image", "--data", f"{digits_on_s3}/train", "--eval-data", f"{digits_on_s3}/eval",
               "--model", "shufflenet_v2_x0_5", "--image-size", "16", "--batch-size", "8",
-              "--loader-workers", "1",
+              "--loader-workers", "2",
               "--steps", str(steps), "--lr", "0.02", "--warmup-steps", "4", "--lr-schedule", "cosine",
               "--weight-decay", "1e-4", "--log-every", "1", "--checkpoint-every", "3", "--seed", "3",
               "--cpu-affinity", "off")
