@@ -183,9 +183,10 @@ def rows_markdown(result: dict, when: str) -> str:
                                        ">="),
               "main_cpu_per_image_vs_bare": ("training process CPU per image: task / bare loop", "<="),
               "two_workers_vs_one": ("images/s: task loader, 2 workers / 1 worker", ">=")}
+    repeats = len(result["images_per_s_vs_bare"]["per_repeat"])
     lines = [f"**Image input path** ({when}; photo-like 500x375 JPEGs at quality 90, crop 224, batch 32, "
-             f"{len(result['images_per_s_vs_bare']['per_repeat'])} interleaved repeats; the machine was shared "
-             "with other sessions, so single runs swing widely):", "",
+             f"{repeats} interleaved repeats; the machine was shared with other sessions, so single runs "
+             "swing widely):", "",
              "| row | median | per repeat | target |", "|---|---:|---|---|"]
     for key, (label, bound) in labels.items():
         r = result[key]
