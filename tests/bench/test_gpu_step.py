@@ -9,6 +9,7 @@ import pytest
 from bench import gpu_step
 
 
+@pytest.mark.slow  # 25-57 s on this loaded host (two ResNet-18 trainer builds), in one process
 def test_the_trainers_step_runs_through_the_single_process_stand_in(tmp_path):
     hvd = gpu_step.SingleProcessHorovod()
     small = {"model": "resnet18", "batch": 4, "image_size": 32, "precision": "fp32", "steps": 2,
