@@ -266,7 +266,7 @@ class ImageTask(Task):
     train_set: shards.ShardedDataset | None = None
     eval_set: shards.ShardedDataset | None = None
     memory_format = torch.contiguous_format
-    _loader = None
+    _batches = None  # the training DataLoader's iterator (its workers)
     _eval_loader = None
 
     @property
@@ -350,9 +350,9 @@ class ImageTask(Task):
         positions = shards.RankPositions(self.train_set, ctx.seed, ctx.batch_size, plan)
         dataset = ImageShards(self.train_set, ctx.seed, ctx.batch_size, rank, size, plan, self.decoder,
                               a.image_size, a.augment, a.readahead_shards)
-        self._loader = make_loader(dataset, a.loader_workers, a.prefetch,
-                                   pin_memory=ctx.device.type == "cuda")
-        pairs = ((batch, positions.advance()) for batch in self._loader)
+        loader = make_loader(dataset, a.loader_workers, a.prefetch, pin_memory=ctx.device.type == "cuda")
+        self._batches = iter(loader)
+        pairs = ((batch, positions.advance()) for batch in self._batches)
         try:
             yield from prefetched(pairs, ctx.device, self._move)
         except BadInput as e:
@@ -392,8 +392,21 @@ class ImageTask(Task):
                 "samples": sums.get("samples", 0.0)}
 
     def close_loader(self) -> None:
-        self._loader = None  # its workers end with its iterator
+        """End the training loader's workers now. Left to the garbage collector they can outlive the
+        run: the trainer still holds this task's batch generator at exit, and multiprocessing's exit
+        handler would wait forever on workers that ignore SIGTERM (ignore_stop_signals)."""
+        batches, self._batches = self._batches, None
+        _shut_down(batches)
 
     def close(self) -> None:
         self.close_loader()
-        self._eval_loader = None
+        loader, self._eval_loader = self._eval_loader, None
+        _shut_down(getattr(loader, "_iterator", None))  # a persistent loader keeps its iterator there
+
+
+def _shut_down(batches) -> None:
+    """Stop a DataLoader iterator's workers (torch's _MultiProcessingDataLoaderIter._shutdown_workers,
+    what its __del__ calls; an iterator without workers has none to stop)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
