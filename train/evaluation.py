@@ -2,6 +2,12 @@
 
 The task says what to sum per batch (eval_sums) and how the sums over every rank become metrics
 (eval_metrics); here the batches run without gradients and the sums meet in one allgather.
+
+Every rank evaluates with rank 0's buffers (BatchNorm's running statistics). Without --sync-bn each
+rank's statistics follow its own batches, and a checkpoint and an export hold rank 0's: evaluating
+with those makes a resumed run's metrics the uninterrupted run's, and the metrics the export's. This
+is timm's `--dist-bn broadcast`; PyTorch's DDP goes further and broadcasts them before every forward
+(`broadcast_buffers=True`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ def evaluate(task: Task, model: torch.nn.Module, hvd, autocast: Callable[[], Abs
     batches = task.eval_batches(hvd.rank(), hvd.size())
     if batches is None:
         return None
+    hvd.broadcast_parameters(dict(model.named_buffers()), root_rank=0)
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
