@@ -17,8 +17,15 @@ from train import checksum, export, init_from
 from train.errors import BadInput
 from train.task import TaskContext, load_task
 
-IMAGE_ARGS = dict(model="shufflenet_v2_x0_5", image_size=16, eval_data=None, augment="none", loader_workers=0,
-                  prefetch=2, readahead_shards=1, num_classes=10)
+IMAGE_ARGS = ("--model", "shufflenet_v2_x0_5", "--image-size", "16", "--augment", "none",
+              "--loader-workers", "0", "--readahead-shards", "1", "--num-classes", "10")
+
+
+def _image_args(*extra: str) -> argparse.Namespace:
+    """The image task's arguments as its own parser gives them (every default included)."""
+    parser = argparse.ArgumentParser()
+    load_task("image").add_arguments(parser)
+    return parser.parse_args([*IMAGE_ARGS, *extra])
 
 
 
@@ -30,7 +37,7 @@ def _ctx(data: str, endpoint: str | None = None) -> TaskContext:
 
 def _image_task(digits):
     train, evaluation = digits
-    task = load_task("image")(argparse.Namespace(**{**IMAGE_ARGS, "eval_data": evaluation}), _ctx(train))
+    task = load_task("image")(_image_args("--eval-data", evaluation), _ctx(train))
     task.prepare(0, 1)
     return task
 

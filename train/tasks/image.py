@@ -297,6 +297,8 @@ class ImageTask(Task):
             start_forkserver_ignoring_stop_signals()
 
     def prepare_eval(self) -> None:
+        """Evaluation only (an export's evaluate): the decoder and the evaluation data, no training set."""
+        self.decoder = decode.resolve(self.args.decode, self.ctx.device.type == "cuda")
         self.eval_set = shards.open_dataset(self.args.eval_data, self.ctx.s3_endpoint_url, "image")
         classes = getattr(self, "classes", None)
         if classes is not None and self.eval_set.index["classes"] != classes:
