@@ -419,7 +419,7 @@ def recovery_section(plan: Plan, progress: Progress) -> dict:
     and steps of work lost."""
     from cluster.backend import BackendError
     from cluster.flow import DatasetSpec, FlowOptions, run_job
-    from cluster.job import JobSpec
+    from cluster.job import JobSpec, trainer_config
     from cluster.local.backend import LocalBackend
 
     events: list[tuple[float, str]] = []
@@ -428,10 +428,10 @@ def recovery_section(plan: Plan, progress: Progress) -> dict:
         events.append((time.time(), line))
         progress(f"  flow: {line}")
 
-    job = JobSpec(name="bench-recovery", num_hosts=2, trainer_args=(
+    job = JobSpec(name="bench-recovery", num_hosts=2, trainer=trainer_config((
         "--model", "cnn", "--width", str(plan.shape.width), "--batch-size", str(plan.shape.batch_size),
         "--steps", str(plan.recovery_steps), "--checkpoint-every", str(plan.recovery_checkpoint_every),
-        "--log-every", "1"))
+        "--log-every", "1")))
     opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=512),
                        reclaim_at_step=plan.recovery_reclaim_at, progress_bar=False,
                        job_timeout_s=plan.timeout_s * 2)

@@ -14,7 +14,7 @@ from bench.image_loop import ImageShape
 from bench.launch import BenchError, run_command, venv_bin
 from bench.peer import HorovodSettings, LoopShape
 from bench.stats import median_interval
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.launch import horovodrun_command
 from infra.storage_layout import checkpoint_uri
 
@@ -89,7 +89,7 @@ class TrainerRun:
         run_id = f"{label}-{uuid.uuid4().hex[:8]}"
         metrics_file = workdir / f"{run_id}.jsonl"
         job = JobSpec(name="bench", num_hosts=1, slots_per_host=self.shape.workers,
-                      trainer_args=tuple(self.trainer_args(metrics_file, run_id)))
+                      trainer=trainer_config(self.trainer_args(metrics_file, run_id)))
         cmd = horovodrun_command(job, hosts=["localhost"], python=sys.executable)
         cmd[0] = venv_bin("horovodrun")
         out = run_command(label, cmd, self.env(store_env), timeout_s)

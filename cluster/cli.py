@@ -34,10 +34,11 @@ from cluster.aws import cli as aws_cli
 from cluster.aws.plan import PlanError
 from cluster.backend import Backend, BackendError
 from cluster.flow import FAULTS, FlowInterrupted, FlowOptions, FlowResult, format_summary, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.mpi_operator import check_job_name
 from cluster.run_data import DatasetSpec, RunData, plan_run_data
 from cluster.usage import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from train.config import TrainConfig, with_flags
 from train.contract import EXIT_BAD_INPUT, FAULT_STEP_SLEEP_ENV
 from train.task import DEFAULT_TASK
 from train.tasks.demo import MODELS as DEMO_MODELS  # (imports no torch)
@@ -264,39 +265,22 @@ def check_args(a: argparse.Namespace) -> None:
         problems.append(f"--job-name: {e}")
     if a.trainer_args and a.trainer_args[0] != "--":
         problems.append(f"unexpected arguments {' '.join(a.trainer_args)!r}: trainer arguments go after `--`")
-    else:
-        try:
-            run_data_from_args(a)
-        except UsageError as e:
-            problems.append(str(e))
     if problems:
         raise UsageError("; ".join(problems))
-
-
-def check_trainer_args(job: JobSpec) -> None:
-    """Validate the trainer's arguments here, before anything is stood up (the trainer's own parser
-    and checks are pure). Without it a typo would cost a cluster start and come back as exit 2."""
-    from train.config import parse_args
-    from train.errors import BadInput
-
-    try:
-        parse_args(list(job.trainer_args))
-    except BadInput as e:
-        raise UsageError(f"trainer arguments: {e}") from None
 
 
 def _extra_trainer_args(a: argparse.Namespace) -> list[str]:
     return list(a.trainer_args[1:]) if a.trainer_args else []
 
 
-def run_data_from_args(a: argparse.Namespace) -> RunData:
+def run_data_from_args(a: argparse.Namespace, trainer: TrainConfig) -> RunData:
     """What the run trains on (cluster/run_data.py); UsageError for a task with no data."""
     demo = DatasetSpec(seed=a.seed)
     if a.dataset_shards is not None:
         demo = dataclasses.replace(demo, shards=a.dataset_shards)
     if a.samples_per_shard is not None:
         demo = dataclasses.replace(demo, samples_per_shard=a.samples_per_shard)
-    return plan_run_data(a.task, _extra_trainer_args(a), demo)
+    return plan_run_data(a.task, trainer, demo)
 
 
 def job_name_of(a: argparse.Namespace) -> str:
@@ -318,19 +302,21 @@ def task_spec_for_workers(spec: str) -> str:
 
 
 def job_from_args(a: argparse.Namespace) -> JobSpec:
-    extra = _extra_trainer_args(a)
+    """The job, its trainer configuration parsed once, here: bad trainer arguments and a task without
+    data are refused (UsageError) before anything is stood up."""
     # --task and the task's flags travel in the trainer's argv (a task file path must be where the
     # workers can read it: the same path on the local backend's hosts; in the image on AWS).
     task_args = ((["--model", a.model] if a.model else []) if a.task == DEFAULT_TASK
                  else ["--task", task_spec_for_workers(a.task)])
-    trainer_args = [*task_args, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
-                    "--checkpoint-every", str(a.checkpoint_every), "--seed", str(a.seed),
-                    *run_data_from_args(a).trainer_flags, *extra]
+    trainer = trainer_config([*task_args, "--steps", str(a.steps), "--batch-size", str(a.batch_size),
+                              "--checkpoint-every", str(a.checkpoint_every), "--seed", str(a.seed),
+                              *_extra_trainer_args(a)])
+    trainer = with_flags(trainer, run_data_from_args(a, trainer).trainer_flags)
     return JobSpec(name=job_name_of(a), num_hosts=a.hosts, slots_per_host=a.slots_per_host, elastic=a.elastic,
-                   min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer_args=tuple(trainer_args))
+                   min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer=trainer)
 
 
-def options_from_args(a: argparse.Namespace) -> FlowOptions:
+def options_from_args(a: argparse.Namespace, job: JobSpec) -> FlowOptions:
     reclaim_at = None
     if a.backend == "local" and not a.no_reclaim:
         reclaim_at = a.reclaim_at_step if a.reclaim_at_step is not None else max(1, a.steps // 2)
@@ -338,7 +324,7 @@ def options_from_args(a: argparse.Namespace) -> FlowOptions:
     if restore_after is None and a.elastic:
         restore_after = 5.0
     return FlowOptions(
-        dataset=run_data_from_args(a).dataset,
+        dataset=run_data_from_args(a, job.trainer).dataset,
         max_resubmits=a.max_resubmits, max_restarts=a.max_restarts, reclaim_at_step=reclaim_at,
         fault=a.fault, reclaim_host=a.reclaim_host,
         restore_after_s=restore_after, keep_up=a.keep_up, progress_bar=not a.no_progress,
@@ -435,24 +421,23 @@ def with_fault_settings(job: JobSpec, a: argparse.Namespace) -> JobSpec:
     env = dict(job.env)
     if pace > 0 and a.backend == "local":
         env[FAULT_STEP_SLEEP_ENV] = f"{pace:g}"
-    args = list(job.trainer_args)
-    if a.fault == "hang" and "--hang-timeout" not in args:
+    trainer = job.trainer
+    if a.fault == "hang":
         limit = a.hang_timeout if a.hang_timeout is not None else HANG_DEMO_TIMEOUT_S
-        args += ["--hang-timeout", f"{limit:g}"]
-    return dataclasses.replace(job, env=env, trainer_args=tuple(args))
+        trainer = with_flags(trainer, [("--hang-timeout", f"{limit:g}")])
+    return dataclasses.replace(job, env=env, trainer=trainer)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
     check_args(a)
+    job = with_fault_settings(job_from_args(a), a)
     if a.backend == "aws":   # before anything is stood up: every group named is in the stack
         from cluster.aws.capacity import check_against_stack_config, parse_node_groups
 
         check_against_stack_config(parse_node_groups(a.node_group), a.stack)
     check_environment(a.backend)
-    job = with_fault_settings(job_from_args(a), a)
-    check_trainer_args(job)
     backend = make_backend(a)
-    opts = options_from_args(a)
+    opts = options_from_args(a, job)
     run_dir = a.run_dir or default_run_dir(job.name)
     if a.backend == "local":  # the local store goes with the cluster: keep the export in the run's directory
         opts = dataclasses.replace(opts, keep_export_in=run_dir / "export")

@@ -44,8 +44,9 @@ from cluster.backend import (
 )
 from cluster.job import JobSpec
 from cluster.recovery import FailureCost, Next, decide, failure_cost, last_step
-from cluster.run_data import Dataset, DatasetSpec, given
+from cluster.run_data import Dataset, DatasetSpec
 from train import stragglers
+from train.config import TrainConfig, with_flags
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, MANIFEST, step_dir
 from train.summary import RunSummary, format_eval
 
@@ -122,23 +123,21 @@ class FlowInterrupted(Exception):
     """Ctrl-C or SIGTERM while the flow ran; teardown has run."""
 
 
-def trainer_args_for(job: JobSpec, storage: Storage, dataset: Dataset | None) -> tuple[str, ...]:
-    """The job's trainer arguments plus where its data (the flow's `dataset`, None: the job's own) and
-    checkpoints live (pure). What the job's arguments already say wins."""
-    args = list(job.trainer_args)
-    added = dataset.trainer_args(dataset.uris(storage)) if dataset is not None else []
-    added += [("--checkpoint-dir", storage.checkpoint_uri)]
-    if storage.endpoint_url:
-        added.append(("--s3-endpoint-url", storage.endpoint_url))
-    for flag, value in added:
-        if not given(args, flag):
-            args += [flag, value]
-    if job.elastic and not given(args, "--elastic"):
-        args.append("--elastic")
+def trainer_config_for(job: JobSpec, storage: Storage, dataset: Dataset | None) -> TrainConfig:
+    """The job's trainer configuration plus where its data (the flow's `dataset`, None: the job's own) and
+    checkpoints live (pure but for loading the task). What the job's configuration already says wins."""
+    cfg = job.trainer
+    if dataset is not None:
+        cfg = with_flags(cfg, dataset.trainer_args(dataset.uris(storage), cfg.task.args))
+    if cfg.checkpoint.uri is None:
+        checkpoint = dataclasses.replace(cfg.checkpoint, uri=storage.checkpoint_uri)
+        cfg = dataclasses.replace(cfg, checkpoint=checkpoint)
+    if storage.endpoint_url and cfg.s3_endpoint_url is None:
+        cfg = dataclasses.replace(cfg, s3_endpoint_url=storage.endpoint_url)
+    if job.elastic:
+        cfg = dataclasses.replace(cfg, horovod=dataclasses.replace(cfg.horovod, elastic=True))
     # The flow draws its own progress bar from the metrics; a tqdm bar per attempt would garble the log.
-    if not given(args, "--no-progress"):
-        args.append("--no-progress")
-    return tuple(args)
+    return dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, progress=False))
 
 
 def is_trainer_message(line: str) -> bool:
@@ -468,7 +467,7 @@ class _Follower:
         self.backend, self.handle, self.job, self.opts, self.out = backend, handle, job, opts, out
         self.reclaimer = reclaimer
         self.progress = backend if isinstance(backend, Progress) else None
-        self.bar = _ProgressBar(job.name, _steps_of(job), opts.progress_bar and self.progress is not None)
+        self.bar = _ProgressBar(job.name, job.trainer.steps, opts.progress_bar and self.progress is not None)
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.started_at: float | None = None   # monotonic time of the first line
@@ -514,15 +513,6 @@ class _Follower:
                 raise self._error
         finally:
             self.bar.close()
-
-
-def _steps_of(job: JobSpec) -> int | None:
-    args = list(job.trainer_args)
-    if "--steps" in args:
-        i = args.index("--steps")
-        if i + 1 < len(args) and args[i + 1].isdigit():
-            return int(args[i + 1])
-    return None
 
 
 def _reclaimer_for(backend: Backend, opts: FlowOptions, out: Callable[[str], None]) -> _Reclaimer | None:
@@ -591,7 +581,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
             storage = backend.storage(job.name)
             if opts.dataset is not None:
                 ensure_dataset(storage, opts.dataset, out=out)
-            job = dataclasses.replace(job, trainer_args=trainer_args_for(job, storage, opts.dataset),
+            job = dataclasses.replace(job, trainer=trainer_config_for(job, storage, opts.dataset),
                                       env={**storage.env, **job.env})
             job = _with_preflight_floor(backend, job)
             if reclaimer is not None:
@@ -668,19 +658,18 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
 def _with_preflight_floor(backend: Backend, job: JobSpec) -> JobSpec:
     """The backend's busbw floor as the trainer's --preflight-min-busbw, unless the job sets one."""
     floor = backend.preflight_floor(job) if isinstance(backend, PreflightFloor) else None
-    if floor is None or given(list(job.trainer_args), "--preflight-min-busbw"):
+    health = job.trainer.health
+    if floor is None or health.preflight_min_busbw_gbps is not None:
         return job
-    floor_arg = ("--preflight-min-busbw", f"{floor / 1e9:g}")
-    return dataclasses.replace(job, trainer_args=(*job.trainer_args, *floor_arg))
+    health = dataclasses.replace(health, preflight_min_busbw_gbps=float(f"{floor / 1e9:g}"))
+    return dataclasses.replace(job, trainer=dataclasses.replace(job.trainer, health=health))
 
 
 def _final_checkpoint_written(storage: Storage | None, job: JobSpec, last: JobResult) -> bool:
     """Did the job reach --steps with its final checkpoint written (its manifest there)? Then it is
     done whatever happened to a host afterwards. The summary answers when the attempt printed one;
     else the checkpoint store does."""
-    steps = _steps_of(job)
-    if steps is None:
-        return False
+    steps = job.trainer.steps
     if last.summary is not None and last.summary.steps >= steps and not last.summary.interrupted:
         return True
     if storage is None:

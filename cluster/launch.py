@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cluster.job import JobSpec
+from train.config import to_argv
 
 # Seconds horovodrun may take to ssh into every host and start the workers (Horovod's default 30 is
 # tight on a busy machine where every worker imports torch).
@@ -63,5 +64,5 @@ def horovodrun_command(
         cmd += ["--network-interfaces", network_interface]
     # The launcher is fresh for every job: Horovod's ~/.horovod check cache could only be stale.
     cmd += ["--start-timeout", str(START_TIMEOUT_S), "--disable-cache"]
-    cmd += [python, "-m", "train", *job.trainer_args]
+    cmd += [python, "-m", "train", *to_argv(job.trainer)]
     return cmd

@@ -39,6 +39,7 @@ from cluster.backend import BackendError, Storage
 from cluster.job import JobSpec
 from cluster.launch import horovodrun_command
 from cluster.node_room import worker_cpu_request, worker_memory_limit_gib
+from train.config import with_flags
 from train.contract import (
     LAUNCHER_TAG_SUFFIX,
     NODE_POOL_LABEL,
@@ -82,10 +83,6 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 JOB_LABEL = "ringtrain.io/job"
 ROLE_LABEL = "ringtrain.io/role"
-# The trainer's flags for its storage locations (train/config.py).
-DATA_FLAG = "--data"
-CHECKPOINT_FLAG = "--checkpoint-dir"
-ELASTIC_FLAG = "--elastic"
 
 class MPIJobError(BackendError):
     """The job cannot be rendered for this stack; the message says what is wrong and what is allowed."""
@@ -201,22 +198,15 @@ def worker_hostnames(job: JobSpec, namespace: str) -> list[str]:
             for i in range(job.num_hosts)]
 
 
-def _has_flag(args: tuple[str, ...], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
 def with_storage_args(job: JobSpec, storage: Storage) -> JobSpec:
-    """The job with the stack's dataset and checkpoint locations as trainer flags (unless it names its own),
-    and `--elastic` for an elastic job (the trainer must run under hvd.elastic to survive lost hosts)."""
-    args = tuple(job.trainer_args)
-    extra: list[str] = []
-    if not _has_flag(args, DATA_FLAG):
-        extra += [DATA_FLAG, storage.dataset_uri]
-    if not _has_flag(args, CHECKPOINT_FLAG):
-        extra += [CHECKPOINT_FLAG, storage.checkpoint_uri]
-    if job.elastic and ELASTIC_FLAG not in args:
-        extra.append(ELASTIC_FLAG)
-    return dataclasses.replace(job, trainer_args=args + tuple(extra))
+    """The job with the stack's dataset and checkpoint locations in the trainer's configuration (unless
+    it names its own: `--data synthetic` too), and elastic for an elastic job (the trainer must run under
+    hvd.elastic to survive lost hosts)."""
+    cfg = with_flags(job.trainer, [("--data", storage.dataset_uri),
+                                   ("--checkpoint-dir", storage.checkpoint_uri)])
+    if job.elastic:
+        cfg = dataclasses.replace(cfg, horovod=dataclasses.replace(cfg.horovod, elastic=True))
+    return dataclasses.replace(job, trainer=cfg)
 
 
 # Elastic on EKS: a host Horovod blacklisted (its worker failed) stays out at least this long. A worker pod

@@ -8,31 +8,28 @@ the datasets bucket before the first attempt, unless its index is there already.
                 .../eval, with the example's flags (a small model), so that `ringtrain run --task X`
                 trains in a few minutes on CPU workers
 
-A flag the user gives after `--` wins over the example's. A `--data` given after `--` is used as is and
-nothing is written. A task without an example and without `--data` is refused before anything starts.
+A flag the user gives after `--` wins over the example's (train.config.with_flags). A `--data` given after
+`--` is used as is and nothing is written. A task without an example and without `--data` is refused
+before anything starts.
 
-    data = plan_run_data("image", trainer_args, DatasetSpec())
+    data = plan_run_data("image", trainer_config, DatasetSpec())
     data.dataset.uris(storage), data.dataset.commands(uris, scratch_dir)
 """
 
 from __future__ import annotations
 
 import abc
+import argparse
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.backend import Storage
 from cluster.usage import UsageError
 from infra.storage_layout import dataset_uri
+from train.config import TrainConfig
 from train.errors import BadInput
 from train.task import BUILTIN_TASKS, DEFAULT_TASK, Example, Task, load_task
-
-
-def given(args: Sequence[str], flag: str) -> bool:
-    """Whether `flag` is among the arguments, as `--flag VALUE` or `--flag=VALUE` (pure)."""
-    return any(arg == flag or arg.startswith(f"{flag}=") for arg in args)
 
 
 @dataclass(frozen=True)
@@ -60,9 +57,11 @@ class Dataset(abc.ABC):
     def describe(self) -> str:
         """What it is, in a few words."""
 
-    def trainer_args(self, uris: DataUris) -> list[tuple[str, str]]:
-        """The trainer's flags naming it."""
-        return [("--data", uris.train)] + ([("--eval-data", uris.eval)] if uris.eval else [])
+    def trainer_args(self, uris: DataUris, task_args: argparse.Namespace) -> list[tuple[str, str]]:
+        """The trainer's flags naming it: --data, and --eval-data for a task that takes one (`task_args`,
+        the task's parsed flags, has eval_data)."""
+        takes_eval = uris.eval is not None and hasattr(task_args, "eval_data")
+        return [("--data", uris.train)] + ([("--eval-data", uris.eval)] if takes_eval else [])
 
 
 def _datasets_bucket(storage: Storage) -> str:
@@ -110,21 +109,20 @@ class TaskExample(Dataset):
 @dataclass(frozen=True)
 class RunData:
     dataset: Dataset | None                 # what the flow writes; None: the user's --data, as is
-    trainer_flags: tuple[str, ...] = ()     # the example's sizes, the flags the user did not give
+    # the example's sizes (option, value); those the user gives win (train.config.with_flags)
+    trainer_flags: tuple[tuple[str, str], ...] = ()
 
 
-def plan_run_data(task: str, trainer_args: Sequence[str], demo: DatasetSpec) -> RunData:
-    """The data a run of `task` trains on, given the trainer's arguments. Raises UsageError for a task
-    without an example when the arguments give no data (and for a task that does not load)."""
-    if given(trainer_args, "--data"):
+def plan_run_data(task: str, trainer: TrainConfig, demo: DatasetSpec) -> RunData:
+    """The data a run of `task` trains on, given the trainer's configuration. Raises UsageError for a task
+    without an example when the configuration names no data (and for a task that does not load)."""
+    if "--data" in trainer.named:
         return RunData(None)
     if task == DEFAULT_TASK:
         return RunData(demo)
     example = _task_class(task).example()
     if example is not None:
-        flags = [part for flag, value in example.flags if not given(trainer_args, flag)
-                 for part in (flag, value)]
-        return RunData(TaskExample(example), tuple(flags))
+        return RunData(TaskExample(example), tuple(example.flags))
     with_examples = [DEFAULT_TASK] + [n for n in BUILTIN_TASKS if n != DEFAULT_TASK
                                       and _task_class(n).example() is not None]
     raise UsageError(f"--task {task}: no --data after `--`, and this command prepares data only for the "

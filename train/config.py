@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
@@ -39,6 +40,9 @@ LR_SCHEDULES = ("constant", "cosine", "step")
 class TaskConfig:
     name: str = DEFAULT_TASK  # --task: a built-in name, pkg.module:Class or path.py:Class (train.task)
     args: argparse.Namespace = field(default_factory=argparse.Namespace)  # the task's own flags
+    # ... as the command line gave them, each by its full name: a launcher passes them on as they are
+    # (to_argv), since only the task's parser knows how to write its values back
+    argv: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,17 +137,33 @@ class TrainConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
+    # The flags the command line named (each by its first option string, the task's too), so that a
+    # launcher adds a setting only where the command left it to the default: `--data synthetic` named on
+    # purpose is a choice, not a default to fill in (with_flags).
+    named: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument raises BadInput (one message, exit code 2) instead of exiting."""
+    """argparse, but a bad argument raises BadInput (one message, exit code 2) instead of exiting; and it
+    keeps what each flag it met was given (`seen`: the action and its argument strings, in order)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[argparse.Action, list[str]]] = []
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise BadInput(f"{message} (see `python -m train --help`)")
 
+    def _get_values(self, action, arg_strings):  # argparse calls it once per flag met, with its strings
+        self.seen.append((action, list(arg_strings)))
+        return super()._get_values(action, arg_strings)
 
-def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -> argparse.ArgumentParser:
-    """The trainer's flags, and those of the task (`--task`, default demo) in a group of their own."""
+
+def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK,
+                 environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The trainer's flags, and those of the task (`--task`, default demo) in a group of their own.
+    `environ` gives the defaults read from the environment (default: os.environ)."""
+    environ = os.environ if environ is None else environ
     p = _Parser(
         prog="python -m train",
         description="Horovod data-parallel trainer: gradients are averaged by allreduce, over NCCL on GPUs "
@@ -187,7 +207,7 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK) -
                    help="async: rank 0 copies the state into the writer process's shared memory at the "
                         "checkpoint's step; async_with_pinned_mem (GPU only): into page-locked memory with "
                         "non-blocking copies that run beside the next step's forward and backward passes")
-    p.add_argument("--s3-endpoint-url", default=os.environ.get("AWS_ENDPOINT_URL") or None,
+    p.add_argument("--s3-endpoint-url", default=environ.get("AWS_ENDPOINT_URL") or None,
                    help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL, else AWS)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto (default): bf16 autocast on GPUs that support it (Ampere and later), fp32 "
@@ -273,45 +293,104 @@ def _task_spec(argv: list[str]) -> str:
     return spec
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Parse and validate; raises BadInput naming what is wrong and what is allowed."""
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """Parse and validate; raises BadInput naming what is wrong and what is allowed. `environ` gives the
+    defaults read from the environment (default: os.environ; a launcher passes {}: the workers' decides)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     spec = _task_spec(argv)
     task_cls = load_task(spec)
-    parser = build_parser(task_cls, spec)
+    parser = build_parser(task_cls, spec, environ)
     a = parser.parse_args(argv)
     trainer_flags = {action.dest for action in build_parser()._actions}
     task_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k not in trainer_flags})
-    cfg = TrainConfig(
-        steps=a.steps,
-        seed=a.seed,
-        precision=a.precision,
-        tf32=not a.no_tf32,
-        cpu_affinity=a.cpu_affinity,
-        s3_endpoint_url=a.s3_endpoint_url,
-        task=TaskConfig(name=spec, args=task_args),
-        data=DataConfig(source=a.data, batch_size=a.batch_size),
-        optim=OptimConfig(name=a.optimizer, lr=a.lr, momentum=a.momentum, warmup_steps=a.warmup_steps,
-                          schedule=a.lr_schedule, step_every=a.lr_step_every, step_factor=a.lr_step_factor,
-                          weight_decay=a.weight_decay, clip_grad_norm=a.clip_grad_norm,
-                          betas=tuple(a.betas), lr_scaling=a.lr_scaling or DEFAULT_LR_SCALING[a.optimizer]),
-        horovod=HorovodConfig(compression=a.compression, backward_passes_per_step=a.backward_passes_per_step,
-                              adasum=a.adasum, fusion_threshold_mb=a.fusion_threshold_mb,
-                              cycle_time_ms=a.cycle_time_ms, gradient_groups=a.gradient_groups,
-                              elastic=a.elastic, nccl_algo=a.nccl_algo, commit_every=a.commit_every),
-        checkpoint=CheckpointConfig(uri=a.checkpoint_dir, every=a.checkpoint_every, keep=a.keep_checkpoints,
-                                    mode=a.checkpoint_mode),
-        metrics=MetricsConfig(metrics_file=a.metrics_file, tensorboard_dir=a.tensorboard_dir,
-                              log_every=a.log_every, eval_every=a.eval_every, progress=not a.no_progress,
-                              lines=a.metrics_lines),
-        health=HealthConfig(hang_timeout_s=a.hang_timeout, hang_factor=a.hang_factor,
-                            preflight=not a.no_preflight, preflight_min_busbw_gbps=a.preflight_min_busbw,
-                            preflight_mib=a.preflight_mib),
-        weights=WeightsConfig(init_from=a.init_from, init_partial=a.init_partial, export_dir=a.export_dir,
-                              export=not a.no_export),
-    )
+    # The task's flags as given, in order, each by its full name (an abbreviation or --flag=value too).
+    task_argv = tuple(part for action, strings in parser.seen if action.dest not in trainer_flags
+                      for part in (action.option_strings[0], *strings))
+
+    def value(dest: str):
+        if dest.startswith("no_"):  # the --no-* flags hold the negation of their field
+            return not getattr(a, dest)
+        if dest == "lr_scaling":
+            return a.lr_scaling or DEFAULT_LR_SCALING[a.optimizer]
+        return tuple(a.betas) if dest == "betas" else getattr(a, dest)
+
+    sections = {name: section(**{f: value(dest) for dest, f in _FIELDS[name].items()})
+                for name, section in _SECTIONS.items()}
+    cfg = TrainConfig(**{f: value(dest) for dest, f in _FIELDS[""].items()}, **sections,
+                      task=TaskConfig(name=spec, args=task_args, argv=task_argv),
+                      named=frozenset(action.option_strings[0] for action, _ in parser.seen))
     validate(cfg, task_cls.check_arguments(task_args))
     return cfg
+
+
+# Where each trainer flag (its argparse dest) lives in TrainConfig: by section ("": TrainConfig itself),
+# dest: field. The --no-* flags hold the negation of their field.
+_FIELDS: dict[str, dict[str, str]] = {
+    "": {"steps": "steps", "seed": "seed", "precision": "precision", "no_tf32": "tf32",
+         "cpu_affinity": "cpu_affinity", "s3_endpoint_url": "s3_endpoint_url"},
+    "data": {"data": "source", "batch_size": "batch_size"},
+    "optim": {"optimizer": "name", "lr": "lr", "momentum": "momentum", "warmup_steps": "warmup_steps",
+              "lr_schedule": "schedule", "lr_step_every": "step_every", "lr_step_factor": "step_factor",
+              "weight_decay": "weight_decay", "clip_grad_norm": "clip_grad_norm", "betas": "betas",
+              "lr_scaling": "lr_scaling"},
+    "horovod": {"compression": "compression", "backward_passes_per_step": "backward_passes_per_step",
+                "adasum": "adasum", "fusion_threshold_mb": "fusion_threshold_mb",
+                "cycle_time_ms": "cycle_time_ms", "gradient_groups": "gradient_groups", "elastic": "elastic",
+                "nccl_algo": "nccl_algo", "commit_every": "commit_every"},
+    "checkpoint": {"checkpoint_dir": "uri", "checkpoint_every": "every", "keep_checkpoints": "keep",
+                   "checkpoint_mode": "mode"},
+    "metrics": {"metrics_file": "metrics_file", "tensorboard_dir": "tensorboard_dir",
+                "log_every": "log_every", "eval_every": "eval_every", "no_progress": "progress",
+                "metrics_lines": "lines"},
+    "health": {"hang_timeout": "hang_timeout_s", "hang_factor": "hang_factor", "no_preflight": "preflight",
+               "preflight_min_busbw": "preflight_min_busbw_gbps", "preflight_mib": "preflight_mib"},
+    "weights": {"init_from": "init_from", "init_partial": "init_partial", "export_dir": "export_dir",
+                "no_export": "export"},
+}
+_SECTIONS = {"data": DataConfig, "optim": OptimConfig, "horovod": HorovodConfig,
+             "checkpoint": CheckpointConfig, "metrics": MetricsConfig, "health": HealthConfig,
+             "weights": WeightsConfig}
+_PLACE = {dest: (section, f) for section, fields in _FIELDS.items() for dest, f in fields.items()}
+
+
+def _field(cfg: TrainConfig, dest: str):
+    section, name = _PLACE[dest]
+    return getattr(getattr(cfg, section) if section else cfg, name)
+
+
+def _text(value: object) -> str:
+    """A flag's value as the parser reads it back: 20.0 as 20, as a person would write it."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def to_argv(cfg: TrainConfig) -> list[str]:
+    """The trainer's command line for `cfg` (pure): --task, each trainer flag the command named or whose
+    value is not the default, in the parser's order, then the task's own flags as they were given.
+    parse_args(to_argv(cfg)) gives cfg back (tests/train/test_config.py)."""
+    argv = ["--task", cfg.task.name] if cfg.task.name != DEFAULT_TASK or "--task" in cfg.named else []
+    # --lr-scaling's default is the optimizer's
+    default = TrainConfig(optim=OptimConfig(lr_scaling=DEFAULT_LR_SCALING[cfg.optim.name]))
+    for action in build_parser(environ={})._actions:
+        if action.dest not in _PLACE:
+            continue
+        option, value = action.option_strings[0], _field(cfg, action.dest)
+        if isinstance(action, argparse._StoreTrueAction):
+            if value is (not option.startswith("--no-")):
+                argv.append(option)
+        elif value is not None and (value != _field(default, action.dest) or option in cfg.named):
+            argv += [option, *map(_text, value if isinstance(value, tuple) else (value,))]
+    return [*argv, *cfg.task.argv]
+
+
+def with_flags(cfg: TrainConfig, flags: Iterable[tuple[str, str]]) -> TrainConfig:
+    """`cfg` plus those of `flags` (option, value: the trainer's or the task's) that its command line does
+    not name, read by the parser as the workers will read them. What the command names wins."""
+    added = [part for option, value in flags if option not in cfg.named for part in (option, value)]
+    if not added:
+        return cfg
+    return parse_args([*to_argv(cfg), *added], environ={})
 
 
 def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:

@@ -555,9 +555,8 @@ class AwsBackend(Backend):
 def with_metrics_lines(job: JobSpec) -> JobSpec:
     """The job with the trainer's --metrics-lines (pure): on EKS the launcher's log is all that comes
     back, so the metrics records ride in it (train/metrics.py) and the flow draws the same report."""
-    if "--metrics-lines" in job.trainer_args:
-        return job
-    return dataclasses.replace(job, trainer_args=(*job.trainer_args, "--metrics-lines"))
+    metrics = dataclasses.replace(job.trainer.metrics, lines=True)
+    return dataclasses.replace(job, trainer=dataclasses.replace(job.trainer, metrics=metrics))
 
 
 def _latest_step(lines: list[str]) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.mpi_operator import check_job_name
 from cluster.usage import EXIT_FAILED, UsageError
 
@@ -229,7 +229,7 @@ def job_from_args(a: argparse.Namespace, gpus_per_node: int | None) -> JobSpec:
     slots = a.slots_per_host if a.slots_per_host is not None else (gpus_per_node or 1)
     try:
         return JobSpec(name=a.job_name, num_hosts=a.hosts, slots_per_host=slots, elastic=a.elastic,
-                       min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer_args=tuple(extra))
+                       min_hosts=(a.min_hosts or 1) if a.elastic else None, trainer=trainer_config(extra))
     except ValueError as e:
         raise UsageError(str(e)) from None
 

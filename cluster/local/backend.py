@@ -193,15 +193,16 @@ class LocalBackend(Backend):
         self._submissions += 1
         jobdir = self._workdir() / "jobs" / f"{job.name}-{self._submissions}"
         jobdir.mkdir(parents=True)
-        trainer_args = list(job.trainer_args)
+        trainer = job.trainer
         metrics_file = jobdir / "metrics.jsonl"
-        if "--metrics-file" not in trainer_args:
-            trainer_args += ["--metrics-file", str(metrics_file)]
+        if trainer.metrics.metrics_file is None:
+            trainer = dataclasses.replace(trainer, metrics=dataclasses.replace(trainer.metrics,
+                                                                               metrics_file=str(metrics_file)))
         # Local hosts are namespaces on one machine: all of the job's workers share its cores (the
         # trainer alone would only divide a host's cores among that host's workers).
         threads = cores_per_worker(len(os.sched_getaffinity(0)), job.num_procs)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", **job.env}
-        job = dataclasses.replace(job, trainer_args=tuple(trainer_args), env=env)
+        job = dataclasses.replace(job, trainer=trainer, env=env)
         mpijob = self.render(job)
         (jobdir / "mpijob.json").write_text(json.dumps(mpijob, indent=2))
         log_file = jobdir / "output.log"

@@ -26,7 +26,7 @@ from cluster.aws.kubectl import (
 from cluster.aws.outputs import OutputsError, parse_outputs
 from cluster.backend import BackendError
 from cluster.flow import FlowInterrupted, FlowOptions, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.local.objectstore import LOCAL_CREDENTIALS
 from tests.summaries import run_summary
 
@@ -285,7 +285,7 @@ def test_run_flow_scales_then_tears_down_when_the_cluster_is_unreachable(dev_exp
     backend, ops = backend_for(dev_exports, tmp_path, node_group="a10g-spot", dataset="flow-ds")
     boto3.client("s3").put_object(Bucket=dev_exports["datasetsBucket"], Key="datasets/flow-ds/index.json",
                                   Body=b"{}")
-    job = JobSpec(name="flow1", num_hosts=2, slots_per_host=4, trainer_args=("--steps", "5"))
+    job = JobSpec(name="flow1", num_hosts=2, slots_per_host=4, trainer=trainer_config(("--steps", "5")))
     lines = []
     with pytest.raises(BackendError, match="`kubectl` is not on PATH"):
         run_job(backend, job, FlowOptions(progress_bar=False), out=lines.append)
@@ -326,7 +326,7 @@ def test_submit_logs_wait_on_a_live_cluster():
                     "RINGTRAIN_AWS_STACK=<stack> (submits a 1-host job to it)")
     stack = os.environ["RINGTRAIN_AWS_STACK"]
     backend = AwsBackend(stack)
-    job = JobSpec(name="ringtrain-smoke", num_hosts=1, trainer_args=("--steps", "20"))
+    job = JobSpec(name="ringtrain-smoke", num_hosts=1, trainer=trainer_config(("--steps", "20")))
     handle = backend.submit(job)
     lines = list(backend.logs(handle))
     result = backend.wait(handle, timeout_s=1800)

@@ -85,6 +85,17 @@ def test_submit_dry_run_renders_from_an_outputs_file_with_no_aws(dev_outputs_fil
     assert "s3://acme-ringtrain-dev-datasets/datasets/dry" in cmd
 
 
+def test_submit_refuses_a_trainer_flag_before_rendering_anything(dev_outputs_file, capsys):
+    """The trainer's own parser runs at submit time: a flag it refuses is named there, exit 2, no manifest."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["submit", "--stack", "dev", "--job-name", "dry", "--node-group", "l4-spot",
+                  "--outputs", str(dev_outputs_file), "--dry-run", "--", "--steps", "50", "--stepz", "3"])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip() == (
+        "submit: error: trainer arguments: unrecognized arguments: --stepz 3 (see `python -m train --help`)")
+
+
 def validate_schemas(manifest):
     """The pinned operator's MPIJob CRD (cluster/schemas) and strict Kubernetes PodTemplate schemas."""
     pytest.importorskip("kubernetes_validate")

@@ -12,7 +12,7 @@ import cluster.aws.backend as aws_backend
 from cluster.aws.backend import AwsBackend
 from cluster.backend import BackendError
 from cluster.flow import FlowOptions, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from tests.cluster.kubectl_standin import FakeCluster, JobScript
 from tests.cluster.test_aws_backend import RECLAIMED_LOG, RecordingStack, aws_env, dev_exports, moto_aws  # noqa: F401
 from tests.summaries import run_summary
@@ -47,7 +47,7 @@ def flow(backend, job, **opts):
 
 
 JOB = JobSpec(name="life", num_hosts=2, slots_per_host=4,
-              trainer_args=("--data", "s3://d/x", "--steps", "20"))
+              trainer=trainer_config(("--data", "s3://d/x", "--steps", "20")))
 
 
 def test_a_normal_run(fake, dev_exports, tmp_path):  # noqa: F811

@@ -28,7 +28,7 @@ from cluster.aws.capacity import (
 from cluster.aws.outputs import parse_outputs
 from cluster.backend import BackendError
 from cluster.flow import FlowOptions, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.run_cost import format_costs, node_group_costs
 from cluster.usage import UsageError
 from infra.catalog import CatalogError, load_catalog, parse_catalog
@@ -40,7 +40,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RINGTRAIN = str(Path(sys.executable).parent / "ringtrain")
 CATALOG = load_catalog().instance_types
 GPU_NODE = {"nvidia.com/gpu": 4}
-JOB = JobSpec(name="cap", num_hosts=2, slots_per_host=4, trainer_args=("--data", "s3://d/x", "--steps", "20"))
+JOB = JobSpec(name="cap", num_hosts=2, slots_per_host=4,
+              trainer=trainer_config(("--data", "s3://d/x", "--steps", "20")))
 DONE_LOG = ["[0]<stdout>:" + run_summary(steps=20).line()]
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from cluster.flow import DatasetSpec, FlowOptions, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.local import network
 from cluster.local.backend import LocalBackend
 from train.contract import EXIT_HUNG, EXIT_PREFLIGHT_FAILED, FAULT_STEP_SLEEP_ENV
@@ -43,7 +43,7 @@ def _run(backend, name, fault, at_step, *extra, steps=None):
     for host in backend.host_names():     # each case starts with every host up and clean
         backend.restore(host)
     args = ARGS if steps is None else (*ARGS[:1], str(steps), *ARGS[2:])
-    job = JobSpec(name=name, num_hosts=2, env=PACING, trainer_args=(*args, *extra))
+    job = JobSpec(name=name, num_hosts=2, env=PACING, trainer=trainer_config((*args, *extra)))
     opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=at_step,
                        fault=fault, progress_bar=False, keep_up=True, job_timeout_s=400)
     lines: list[str] = []

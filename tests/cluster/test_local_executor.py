@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster.backend import Storage
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.local import network
 from cluster.local.backend import local_worker_nodes
 from cluster.local.executor import IMAGE_ENTRYPOINT, LocalExecutor, launcher_process, volume_path, worker_pods
@@ -30,7 +30,7 @@ def render(job: JobSpec, iface: str = "eth0", ssh_port: int = 22) -> dict:
                          launcher=SYSTEM_NODES, network_interface=iface, ssh_port=ssh_port)
 
 
-STATIC = JobSpec(name="j", num_hosts=2, env={"NCCL_DEBUG": "INFO"}, trainer_args=("--steps", "3"))
+STATIC = JobSpec(name="j", num_hosts=2, env={"NCCL_DEBUG": "INFO"}, trainer=trainer_config(("--steps", "3")))
 
 
 def test_the_launcher_runs_the_images_entrypoint_with_the_containers_args_and_env_verbatim():
@@ -191,7 +191,7 @@ def test_submit_dry_run_prints_the_object_the_local_executor_runs(tmp_path, caps
     printed = json.loads(capsys.readouterr().out)
     backend = LocalBackend(2, log=lambda m: None)
     with backend:
-        local = backend.render(JobSpec(name="same", num_hosts=2, trainer_args=("--steps", "5")))
+        local = backend.render(JobSpec(name="same", num_hosts=2, trainer=trainer_config(("--steps", "5"))))
         local_storage, iface = backend.storage("same"), backend.hosts.iface
     aws_storage = (f"s3://{exports['datasetsBucket']}/datasets/demo",
                    f"s3://{exports['checkpointsBucket']}/checkpoints/same")

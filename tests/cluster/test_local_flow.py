@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from cluster.flow import DatasetSpec, FlowOptions, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.local import network
 from cluster.local.backend import LocalBackend
 from cluster.local.leftovers import leftovers
@@ -101,8 +101,8 @@ def test_main_job_trains_is_reclaimed_resumes_and_leaves_nothing(isolated):
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     backend = RecordingBackend(2, isolated=isolated, reclaim_grace_s=10, log=print)
     job = JobSpec(name="flowtest", num_hosts=2, env=STEP_PACING,
-                  trainer_args=("--steps", "40", "--checkpoint-every", "10", "--batch-size", "32",
-                                "--log-every", "5"))
+                  trainer=trainer_config(("--steps", "40", "--checkpoint-every", "10", "--batch-size", "32",
+                                          "--log-every", "5")))
     opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=15,
                        progress_bar=False, job_timeout_s=400)
     result = run_job(backend, job, opts)
@@ -135,8 +135,8 @@ def test_elastic_job_continues_on_the_survivor_without_a_resubmit():
     # Horovod's elastic driver shrinks the ring around it instead of the job stopping.
     backend = RecordingBackend(2, reclaim_grace_s=10, reclaim_notice_s=3, log=print)
     job = JobSpec(name="elastictest", num_hosts=2, elastic=True, min_hosts=1, env=STEP_PACING,
-                  trainer_args=("--steps", "60", "--checkpoint-every", "20", "--batch-size", "32",
-                                "--log-every", "2"))
+                  trainer=trainer_config(("--steps", "60", "--checkpoint-every", "20", "--batch-size", "32",
+                                          "--log-every", "2")))
     opts = FlowOptions(dataset=DatasetSpec(shards=2, samples_per_shard=256), reclaim_at_step=10,
                        restore_after_s=5, progress_bar=False, job_timeout_s=400)
     result = run_job(backend, job, opts)

@@ -13,7 +13,7 @@ import pytest
 
 from cluster.backend import Backend, BackendError, JobHandle, JobResult, Storage
 from cluster.flow import DatasetSpec, FlowInterrupted, FlowOptions, run_job
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from tests.summaries import run_summary
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE
 
@@ -65,7 +65,7 @@ def dataset_bucket(object_store, s3_bucket):
     return s3_bucket
 
 
-JOB = JobSpec(name="j", num_hosts=2, trainer_args=("--steps", "10"))
+JOB = JobSpec(name="j", num_hosts=2, trainer=trainer_config(("--steps", "10")))
 OPTS = FlowOptions(dataset=DatasetSpec(shards=1, samples_per_shard=8), progress_bar=False, poll_s=0.01)
 
 
@@ -78,9 +78,9 @@ def test_an_interrupted_job_is_resubmitted_and_its_resume_reported(object_store,
     r = run_job(b, JOB, OPTS, out=out.append)
     assert r.succeeded and r.exit_code == 0 and len(r.attempts) == 2 and r.resumed
     assert b.ups == 1 and b.downs == 1
-    args = b.submitted[0].trainer_args
-    assert args[args.index("--data") + 1] == f"s3://{dataset_bucket}/datasets/demo"
-    assert args[args.index("--checkpoint-dir") + 1] == f"s3://{dataset_bucket}/checkpoints/j"
+    trainer = b.submitted[0].trainer
+    assert trainer.data.source == f"s3://{dataset_bucket}/datasets/demo"
+    assert trainer.checkpoint.uri == f"s3://{dataset_bucket}/checkpoints/j"
     assert b.submitted[1] == b.submitted[0]  # the resume is the same job; the trainer finds its checkpoint
     assert any("train: warning" in line for line in out)
     assert any("resubmitting to resume" in line for line in out)

@@ -12,14 +12,15 @@ import pytest
 from cluster.backend import Storage
 from cluster.cli import UsageError, build_parser, check_args, job_from_args, options_from_args
 from cluster.exit_codes import failure_message, job_exit_code, worker_exit_codes
-from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_args_for
-from cluster.job import JobSpec
+from cluster.flow import Attempt, FlowResult, format_summary, is_trainer_message, trainer_config_for
+from cluster.job import JobSpec, trainer_config
 from cluster.launch import horovodrun_command
 from cluster.local import network, procs, ssh
 from cluster.local.backend import storage_for
 from cluster.run_data import DatasetSpec
 from infra.storage_layout import bucket_names
 from tests.summaries import run_summary
+from train.config import to_argv
 from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, cores_per_worker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,24 +150,25 @@ def test_job_exit_code_recovers_the_trainers_meaning(rc, codes, summary, expecte
 
 
 # ---------------------------------------------------------------- flow helpers
-def test_trainer_args_add_data_checkpoints_endpoint_and_elastic():
+def test_the_flow_adds_data_checkpoints_endpoint_and_elastic_to_the_trainer_config():
     st = Storage(dataset_uri="s3://d/datasets/x", checkpoint_uri="s3://c/checkpoints/j", endpoint_url="http://e:1")
-    job = JobSpec(name="j", num_hosts=2, elastic=True, trainer_args=("--steps", "10"))
-    args = trainer_args_for(job, st, DatasetSpec())
-    assert args[:2] == ("--steps", "10")
-    assert args[args.index("--data"):args.index("--data") + 2] == ("--data", "s3://d/datasets/x")
-    assert args[args.index("--checkpoint-dir") + 1] == "s3://c/checkpoints/j"
-    assert args[args.index("--s3-endpoint-url") + 1] == "http://e:1"
-    assert "--elastic" in args and "--no-progress" in args
-    # What the job already says wins; AWS storage has no endpoint.
-    job2 = JobSpec(name="j", num_hosts=1, trainer_args=("--data", "s3://mine/x"))
-    args2 = trainer_args_for(job2, Storage("s3://d/x", "s3://c/y"), DatasetSpec())
-    assert args2.count("--data") == 1 and "s3://mine/x" in args2 and "--s3-endpoint-url" not in args2
-    assert "--elastic" not in args2
+    job = JobSpec(name="j", num_hosts=2, elastic=True, trainer=trainer_config(("--steps", "10")))
+    cfg = trainer_config_for(job, st, DatasetSpec())
+    assert cfg.steps == 10 and cfg.data.source == "s3://d/datasets/x"
+    assert cfg.checkpoint.uri == "s3://c/checkpoints/j" and cfg.s3_endpoint_url == "http://e:1"
+    assert cfg.horovod.elastic and not cfg.metrics.progress
+    assert to_argv(cfg) == ["--steps", "10", "--data", "s3://d/datasets/x", "--checkpoint-dir", "s3://c/checkpoints/j",
+                            "--s3-endpoint-url", "http://e:1", "--elastic", "--no-progress"]
+    # What the job already says wins, `--data synthetic` too; AWS storage has no endpoint.
+    for data in ("s3://mine/x", "synthetic"):
+        job2 = JobSpec(name="j", num_hosts=1, trainer=trainer_config(("--data", data)))
+        cfg2 = trainer_config_for(job2, Storage("s3://d/x", "s3://c/y"), DatasetSpec())
+        assert cfg2.data.source == data and cfg2.s3_endpoint_url is None and not cfg2.horovod.elastic
+        assert to_argv(cfg2)[:2] == ["--data", data]
 
 
 def test_the_launch_command_names_hosts_by_list_or_by_the_operators_hostfile():
-    job = JobSpec(name="j", num_hosts=2, trainer_args=("--steps", "3"))
+    job = JobSpec(name="j", num_hosts=2, trainer=trainer_config(("--steps", "3")))
     cmd = horovodrun_command(job, hosts=["10.213.1.10:1", "10.213.1.11"], python="/venv/python",
                              network_interface="eth0")
     assert cmd[:6] == ["horovodrun", "--gloo", "-np", "2", "-H", "10.213.1.10:1,10.213.1.11:1"]
@@ -222,9 +224,10 @@ def _args(*argv):
 def test_cli_defaults_build_a_two_host_job_with_a_reclaim_halfway():
     a = _args()
     check_args(a)
-    job, opts = job_from_args(a), options_from_args(a)
+    job = job_from_args(a)
+    opts = options_from_args(a, job)
     assert job.num_hosts == 2 and not job.elastic
-    assert job.trainer_args[job.trainer_args.index("--steps") + 1] == "300"
+    assert job.trainer.steps == 300
     assert opts.reclaim_at_step == 150 and not opts.keep_up and opts.restore_after_s is None
 
 
@@ -241,11 +244,12 @@ def test_cli_gives_elastic_reclaims_an_interruption_notice():
 def test_cli_elastic_passes_trainer_args_and_restores_the_host_later():
     a = _args("--elastic", "--hosts", "3", "--min-hosts", "2", "--steps", "40", "--", "--lr", "0.1")
     check_args(a)
-    job, opts = job_from_args(a), options_from_args(a)
+    job = job_from_args(a)
+    opts = options_from_args(a, job)
     assert job.elastic and job.min_hosts == 2 and job.num_hosts == 3
-    assert job.trainer_args[-2:] == ("--lr", "0.1")
+    assert job.trainer.optim.lr == 0.1 and job.trainer.steps == 40
     assert opts.reclaim_at_step == 20 and opts.restore_after_s == 5.0
-    assert options_from_args(_args("--no-reclaim")).reclaim_at_step is None
+    assert options_from_args(_args("--no-reclaim"), job).reclaim_at_step is None
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -349,13 +353,15 @@ def test_local_workers_share_the_machines_cores():
 
 def test_cli_task_travels_in_the_trainer_argv_and_demo_keeps_its_model_flag():
     demo = job_from_args(_args("--model", "cnn"))
-    assert demo.trainer_args[:2] == ("--model", "cnn") and "--task" not in demo.trainer_args
-    a = _args("--task", "/srv/tasks/my_task.py:MyTask", "--", "--data", "synthetic", "--hidden", "8")
+    assert demo.trainer.task.name == "demo" and demo.trainer.task.args.model == "cnn"
+    assert "--task" not in to_argv(demo.trainer) and to_argv(demo.trainer)[-2:] == ["--model", "cnn"]
+    task = f"{Path(__file__).parents[1] / 'train' / 'user_task.py'}:ParityTask"
+    a = _args("--task", task, "--", "--data", "synthetic", "--hidden", "8")
     check_args(a)
     job = job_from_args(a)
-    assert job.trainer_args[:2] == ("--task", "/srv/tasks/my_task.py:MyTask")
-    assert "--model" not in job.trainer_args
-    assert job.trainer_args[-2:] == ("--hidden", "8")
+    assert to_argv(job.trainer)[:2] == ["--task", task]
+    assert job.trainer.task.args.hidden == 8 and job.trainer.task.argv == ("--hidden", "8")
+    assert to_argv(job.trainer)[-2:] == ["--hidden", "8"]
     with pytest.raises(UsageError) as e:
         check_args(_args("--task", "image", "--model", "cnn"))
     assert "--model cnn: the demo task's model; --task image takes its own flags after `--`" in str(e.value)
@@ -380,11 +386,11 @@ def test_the_etc_mpi_mount_point_goes_with_its_creator_once_no_launcher_uses_it(
 
 def test_adasum_is_refused_for_a_multi_worker_cluster_launch():
     """The launcher is always `horovodrun --gloo`, and Horovod has Adasum only over MPI."""
-    from cluster.job import JobSpec
+    from cluster.job import JobSpec, trainer_config
 
     with pytest.raises(ValueError, match="--adasum with 2 workers: the cluster launch runs Horovod"):
-        JobSpec(name="j", num_hosts=2, trainer_args=("--adasum",))
-    JobSpec(name="j", num_hosts=1, trainer_args=("--adasum",))  # one worker: Horovod's plain optimizer
+        JobSpec(name="j", num_hosts=2, trainer=trainer_config(("--adasum",)))
+    JobSpec(name="j", num_hosts=1, trainer=trainer_config(("--adasum",)))  # one worker: no Adasum
 
 
 def test_the_fault_demo_paces_elastic_runs_and_gives_a_hang_its_watchdog_limit():
@@ -397,6 +403,10 @@ def test_the_fault_demo_paces_elastic_runs_and_gives_a_hang_its_watchdog_limit()
     a = _args("--fault", "hang")
     job = with_fault_settings(job_from_args(a), a)
     assert FAULT_STEP_SLEEP_ENV not in job.env
-    assert job.trainer_args[-2:] == ("--hang-timeout", f"{HANG_DEMO_TIMEOUT_S:g}")
-    opts = options_from_args(_args("--fault", "kill", "--max-restarts", "4"))
+    assert job.trainer.health.hang_timeout_s == HANG_DEMO_TIMEOUT_S
+    assert to_argv(job.trainer)[-2:] == ["--hang-timeout", f"{HANG_DEMO_TIMEOUT_S:g}"]
+    a = _args("--fault", "hang", "--", "--hang-timeout", "300")   # the trainer's own default, named: kept
+    assert with_fault_settings(job_from_args(a), a).trainer.health.hang_timeout_s == 300
+    a = _args("--fault", "kill", "--max-restarts", "4")
+    opts = options_from_args(a, job_from_args(a))
     assert (opts.fault, opts.max_restarts, opts.reclaim_at_step) == ("kill", 4, 150)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from cluster import mpi_operator
 from cluster.backend import Storage
-from cluster.job import JobSpec
+from cluster.job import JobSpec, trainer_config
 from cluster.launch import BLACKLIST_COOLDOWN_S, ELASTIC_TIMEOUT_S, START_TIMEOUT_S
 from cluster.mpijob import (
     EFA_RESOURCE,
@@ -49,7 +50,7 @@ def render(job: JobSpec, workers: WorkerNodes = P5, **kw):
                          launcher=LAUNCHER, **kw)
 
 
-STATIC = JobSpec(name="j1", num_hosts=2, slots_per_host=8, trainer_args=("--steps", "10"))
+STATIC = JobSpec(name="j1", num_hosts=2, slots_per_host=8, trainer=trainer_config(("--steps", "10")))
 ELASTIC = JobSpec(name="j2", num_hosts=4, slots_per_host=4, elastic=True, min_hosts=2)
 
 
@@ -287,9 +288,14 @@ def test_node_labels_match_what_the_node_groups_set():
 
 
 def test_storage_flags_come_from_the_stack_unless_the_job_names_its_own():
-    job = JobSpec(name="j3", num_hosts=1, slots_per_host=1, trainer_args=("--data=synthetic",))
+    job = JobSpec(name="j3", num_hosts=1, slots_per_host=1, trainer=trainer_config(("--data=synthetic",)))
     cmd = render(job)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
-    assert cmd[cmd.index("train") + 1:] == ["--data=synthetic", "--checkpoint-dir", "s3://acme-ckpt/checkpoints/j1"]
+    # `--data=synthetic` names the data (the trainer's own default, chosen): the stack's dataset stays out
+    assert cmd[cmd.index("train") + 1:] == ["--data", "synthetic",
+                                            "--checkpoint-dir", "s3://acme-ckpt/checkpoints/j1"]
+    mine = dataclasses.replace(job, trainer=trainer_config(("--dat", "s3://mine/x", "--checkpoint-dir=/c")))
+    cmd = render(mine)["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["args"]
+    assert cmd[cmd.index("train") + 1:] == ["--data", "s3://mine/x", "--checkpoint-dir", "/c"]
 
 
 def test_job_and_store_environment_reach_both_pods():

@@ -15,14 +15,15 @@ import pytest
 from cluster import cli
 from cluster.backend import Storage
 from cluster.example_data import stdlib_source
-from cluster.flow import ensure_dataset, trainer_args_for
+from cluster.flow import ensure_dataset, trainer_config_for
 from cluster.run_data import DatasetSpec, TaskExample, plan_run_data
 from cluster.usage import UsageError
-from train.config import parse_args
+from train.config import parse_args, to_argv
 from train.tasks.image import ImageTask
 from train.tasks.lm import LanguageModelTask
 
 REPO = Path(__file__).resolve().parents[2]
+PARITY = f"{REPO / 'tests' / 'train' / 'user_task.py'}:ParityTask"
 STORAGE = Storage("s3://p-datasets/datasets/demo", "s3://p-checkpoints/checkpoints/j", "http://e:1")
 
 
@@ -38,52 +39,58 @@ def _value(args, flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
+def _job_and_options(a):
+    job = cli.job_from_args(a)
+    return job, cli.options_from_args(a, job)
+
+
 def test_image_without_data_trains_on_the_digits_with_the_examples_small_model():
     a = _run_args("--task", "image", "--steps", "40")
-    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    job, opts = _job_and_options(a)
     assert opts.dataset == TaskExample(ImageTask.example())
-    args = trainer_args_for(job, STORAGE, opts.dataset)
-    assert _value(args, "--data") == "s3://p-datasets/datasets/digits/train"
-    assert _value(args, "--eval-data") == "s3://p-datasets/datasets/digits/eval"
-    assert _value(args, "--model") == "shufflenet_v2_x1_0" and _value(args, "--image-size") == "32"
-    cfg = parse_args(list(args))  # what the workers will parse: the example's flags are the task's own
-    assert cfg.task.name == "image" and cfg.task.args.model == "shufflenet_v2_x1_0" and cfg.steps == 40
+    cfg = trainer_config_for(job, STORAGE, opts.dataset)
+    assert cfg.data.source == "s3://p-datasets/datasets/digits/train"
+    assert cfg.task.args.eval_data == "s3://p-datasets/datasets/digits/eval"
+    assert (cfg.task.args.model, cfg.task.args.image_size) == ("shufflenet_v2_x1_0", 32)
+    assert cfg.task.name == "image" and cfg.steps == 40 and (cfg.optim.name, cfg.optim.lr) == ("adam", 0.002)
+    assert parse_args(to_argv(cfg)) == cfg  # what the workers will parse
 
 
 def test_lm_without_data_trains_on_the_stdlib_source_with_a_small_decoder():
     a = _run_args("--task", "lm", "--", "--dim", "32", "--lr=0.002")
-    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    job, opts = _job_and_options(a)
     assert opts.dataset == TaskExample(LanguageModelTask.example())
-    args = trainer_args_for(job, STORAGE, opts.dataset)
-    assert _value(args, "--data").endswith("/stdlib-bpe2048/train")
-    assert _value(args, "--eval-data").endswith("/stdlib-bpe2048/eval")
-    cfg = parse_args(list(args))
+    cfg = trainer_config_for(job, STORAGE, opts.dataset)
+    assert cfg.data.source.endswith("/stdlib-bpe2048/train")
+    assert cfg.task.args.eval_data.endswith("/stdlib-bpe2048/eval")
     assert (cfg.task.args.dim, cfg.task.args.layers, cfg.optim.lr) == (32, 2, 0.002)  # the user's flags win
-    assert "--lr" not in args  # only the user's --lr=0.002, not the example's as well
+    assert cfg.task.argv.count("--dim") == 1  # only the user's --dim, not the example's as well
+    assert parse_args(to_argv(cfg)) == cfg
 
 
-@pytest.mark.parametrize("task", ["demo", "image", "lm", "tests/train/user_task.py:ParityTask"])
+@pytest.mark.parametrize("task", ["demo", "image", "lm", PARITY])
 @pytest.mark.parametrize("data", [["--data", "s3://mine/photos"], ["--data=/shared/photos"]])
 def test_a_given_data_is_used_as_is_and_nothing_is_written(task, data):
-    a = _run_args("--task", task, "--", *data, "--eval-data", "s3://mine/eval")
-    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    evaluation = ["--eval-data", "s3://mine/eval"] if task in ("image", "lm") else []
+    a = _run_args("--task", task, "--", *data, *evaluation)
+    job, opts = _job_and_options(a)
     assert opts.dataset is None
-    args = trainer_args_for(job, STORAGE, None)
-    assert [x for x in args if x.startswith("--data")] == data[:1]
-    assert "--model" not in args or task == "demo"  # the example's sizes go with the example's data only
-    assert args.count("--eval-data") == 1
+    cfg = trainer_config_for(job, STORAGE, None)
+    assert cfg.data.source == data[-1].removeprefix("--data=")
+    assert "--model" not in cfg.named  # the example's sizes go with the example's data only
+    assert getattr(cfg.task.args, "eval_data", None) == (evaluation[1] if evaluation else None)
 
 
 def test_the_demo_keeps_its_generated_dataset_at_the_backends_dataset_uri():
-    assert cli.options_from_args(_run_args()).dataset == DatasetSpec(shards=4, samples_per_shard=1024)
+    assert _job_and_options(_run_args())[1].dataset == DatasetSpec(shards=4, samples_per_shard=1024)
     a = _run_args("--dataset-shards", "2", "--samples-per-shard", "64", "--seed", "5")
-    opts = cli.options_from_args(a)
+    job, opts = _job_and_options(a)
     assert opts.dataset == DatasetSpec(shards=2, samples_per_shard=64, seed=5)
     with pytest.raises(UsageError) as e:  # the generated dataset's sizes mean nothing to another task
         _run_args("--task", "image", "--dataset-shards", "2")
     assert "--dataset-shards/--samples-per-shard: the demo's generated dataset; --task image" in str(e.value)
-    args = trainer_args_for(cli.job_from_args(a), STORAGE, opts.dataset)
-    assert _value(args, "--data") == STORAGE.dataset_uri and "--eval-data" not in args
+    cfg = trainer_config_for(job, STORAGE, opts.dataset)
+    assert cfg.data.source == STORAGE.dataset_uri and "--eval-data" not in to_argv(cfg)
 
 
 def test_the_examples_are_written_by_the_commands_that_pack_them(tmp_path):
@@ -122,11 +129,12 @@ def test_a_task_of_the_users_own_with_an_example_trains_on_it_with_nothing_chang
                                (("--hidden", "8"),))
         """))
     a = _run_args("--task", f"{task}:ParityWithExample", "--", "--lr", "0.1")
-    job, opts = cli.job_from_args(a), cli.options_from_args(a)
+    job, opts = _job_and_options(a)
     assert opts.dataset.describe() == "demo data for parity"
-    args = trainer_args_for(job, STORAGE, opts.dataset)
-    assert _value(args, "--data") == "s3://p-datasets/datasets/parity/train"
-    assert _value(args, "--hidden") == "8" and _value(args, "--lr") == "0.1"
+    cfg = trainer_config_for(job, STORAGE, opts.dataset)
+    assert cfg.data.source == "s3://p-datasets/datasets/parity/train"
+    assert cfg.task.args.hidden == 8 and cfg.optim.lr == 0.1
+    assert "--eval-data" not in to_argv(cfg)  # the task takes no evaluation data: the workers would refuse it
     [generate] = opts.dataset.commands(opts.dataset.uris(STORAGE), tmp_path)
     assert generate[1:] == ["-m", "train.data", "generate", "--out", "s3://p-datasets/datasets/parity/train"]
 
@@ -136,7 +144,8 @@ def test_a_task_without_data_that_the_command_cannot_prepare_is_refused_before_a
     task = tmp_path / "my_task.py"
     shutil.copy(REPO / "tests" / "train" / "user_task.py", task)
     with pytest.raises(UsageError) as e:
-        plan_run_data(f"{task}:ParityTask", ["--hidden", "8"], DatasetSpec())
+        plan_run_data(f"{task}:ParityTask", parse_args(["--task", f"{task}:ParityTask", "--hidden", "8"]),
+                      DatasetSpec())
     assert "no --data after `--`" in str(e.value)
 
     def no_cluster(_a):
@@ -153,10 +162,11 @@ def test_a_task_without_data_that_the_command_cannot_prepare_is_refused_before_a
 
 def test_a_task_file_relative_to_here_reaches_the_workers_as_an_absolute_path(tmp_path, monkeypatch):
     (tmp_path / "tasks").mkdir()
+    shutil.copy(REPO / "tests" / "train" / "user_task.py", tmp_path / "tasks" / "my_task.py")
     monkeypatch.chdir(tmp_path)
-    job = cli.job_from_args(_run_args("--task", "tasks/my_task.py:T", "--", "--data", "synthetic"))
-    assert _value(job.trainer_args, "--task") == f"{tmp_path}/tasks/my_task.py:T"
-    assert _value(cli.job_from_args(_run_args("--task", "lm")).trainer_args, "--task") == "lm"
+    job = cli.job_from_args(_run_args("--task", "tasks/my_task.py:ParityTask", "--", "--data", "synthetic"))
+    assert to_argv(job.trainer)[:2] == ["--task", f"{tmp_path}/tasks/my_task.py:ParityTask"]
+    assert to_argv(cli.job_from_args(_run_args("--task", "lm")).trainer)[:2] == ["--task", "lm"]
 
 
 def test_the_lm_example_is_written_once_into_the_store_and_reads_as_a_token_dataset(object_store, s3_bucket,
@@ -188,7 +198,7 @@ def test_the_lm_example_is_written_once_into_the_store_and_reads_as_a_token_data
 
 @pytest.mark.parametrize(("argv", "name"), [
     ([], "demo"), (["--task", "image"], "image"), (["--task", "lm"], "lm"),
-    (["--task", "/x/my_task.py:ParityTask", "--", "--data", "synthetic"], "paritytask"),
+    (["--task", PARITY, "--", "--data", "synthetic"], "paritytask"),
     (["--task", "image", "--job-name", "digits-1"], "digits-1"),
 ])
 def test_each_task_is_its_own_job_so_it_never_resumes_from_another_tasks_checkpoints(argv, name):
