@@ -166,11 +166,9 @@ class Trainer:
         # before each backward pass, which then hands it to DistributedOptimizer by calling the hook
         # Horovod registered for it (carry_stats) -- so it joins the same group as the gradients,
         # and the averaged "gradient" is [the fraction of ranks asked to stop, the mean loss]: eight
-        # bytes next to the gradients instead of collectives of their own (a stop allreduce per step
-        # cost 20-25% of a 1 ms CPU step here; a loss allreduce per logged step about 1%). Set
-        # directly, it skips the autograd nodes that carrying it through the graph cost (stack, dot,
-        # add and their backward: about 1% of a 5 ms step), and the loss scaler never scales it. It
-        # is never updated (lr 0, and its gradient is cleared before the optimizer steps). Adasum
+        # bytes next to the gradients instead of collectives of their own (each collective costs a
+        # negotiation round). Set directly, it skips the autograd nodes that carrying it through the
+        # graph would add, and the loss scaler never scales it. It is never updated (lr 0, and its gradient is cleared before the optimizer steps). Adasum
         # does not average, so there it is a separate allreduce. With --compression fp16 the loss is
         # averaged in fp16 too (3 significant digits).
         self.stats_in_gradients = not cfg.horovod.adasum

@@ -97,10 +97,8 @@ class Checkpointer:
         `defer_while_busy` (periodic checkpoints): while the previous checkpoint is still being
         written, training goes on and the loop calls again at the next step; the checkpoint is taken
         at the first step after that write. Waiting for it was the whole gap between the trainer and a
-        bare Horovod loop at 2 workers on 2 cores with a checkpoint every 50 steps to the local store,
-        where the niced writer and store took up to ~290 ms for a write due every ~280 ms: 0.964x the
-        bare loop, and 1.004x with each run's waits taken out of its window (bench/, headline, 24
-        repeats). The final and safety checkpoints wait.
+        bare Horovod loop where writes come as often as they take (bench/'s headline section measures
+        it). The final and safety checkpoints wait.
         `copy_overlaps_step`: a pinned copy may run beside the next step's passes (trainer.build)."""
         if self.hvd.rank() != 0:
             return True
