@@ -1,5 +1,5 @@
-"""The image task's data path against a bare WebDataset loop (the `image_input` section of
-`python -m bench`; issue 35's input rows). Interleaved, repeated, in one run:
+"""The image task's data path against a bare WebDataset loop (`python -m bench.image_input`, outside
+`scripts/bench`; issue 35's input rows, read in bench/reading.md). Interleaved, repeated, in one run:
 
 - `task-2w`: the task's own loader (train/tasks/image.py `ImageShards` through `make_loader`): 2
   DataLoader workers, each streaming, verifying, shuffling, decoding and cropping its own shards,
