@@ -63,9 +63,13 @@ def installed_copy(dest: Path) -> None:
     setup below installs from scratch."""
     if sys.prefix == sys.base_prefix:
         return
-    if subprocess.run(["cp", "-al", sys.prefix, str(dest)], capture_output=True).returncode != 0:
+    # The real directory: where .venv is a symbolic link (a git worktree sharing another's), copying
+    # the link would make the setups below rewrite the running environment itself.
+    source = os.path.realpath(sys.prefix)
+    if subprocess.run(["cp", "-al", source, str(dest)], capture_output=True).returncode != 0:
         shutil.rmtree(dest, ignore_errors=True)
-        subprocess.run(["cp", "-a", sys.prefix, str(dest)], check=True)
+        subprocess.run(["cp", "-a", source, str(dest)], check=True)
+    assert not dest.is_symlink()
 
 
 @pytest.mark.slow

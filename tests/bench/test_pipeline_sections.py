@@ -154,24 +154,19 @@ def test_synthetic_bare_loops_still_want_the_trainers_demo_models():
 
 
 @pytest.mark.slow
-def test_quick_run_of_the_input_and_image_sections_writes_their_rows(tmp_path):
-    """Smoke: the sections run for real, one short repeat each; checks the document, not the speed."""
+def test_quick_run_of_the_input_sections_writes_their_rows(tmp_path):
+    """Smoke: the input sections run for real, one short repeat each; checks the document, not the
+    speed. The image_task section's runs are the headline's machinery (bench.trainer_run, bench.peer),
+    run by test_report_and_cli's smoke; its rows are rendered from results in the tests here."""
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--sections",
-                           "shard_read,input_pipeline,image_task", "--out", str(tmp_path)],
+                           "shard_read,input_pipeline", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "quick.json").read_text())
-    image = doc["sections"]["image_task"]
-    runs = {name: c["runs"][0] for name, c in image["comparison"]["contenders"].items()}
-    assert set(runs) == {"trainer", "bare-hvd", "ddp", "ddp-pin"}
-    assert all(r["samples_per_sec"] > 0 and r["world_size"] == 2 for r in runs.values())
-    assert runs["trainer"]["checkpoints_written"] == 0
-    # pinned as the trainer pins its workers: the bare loop and DDP-pin; DDP as torchrun starts it is not
-    assert len(runs["bare-hvd"]["cpus"]) == len(runs["ddp-pin"]["cpus"]) == len(runs["trainer"]["cpus"]) == 1
-    assert runs["ddp"]["cpus"] is None
+    assert set(doc["sections"]) == {"shard_read", "input_pipeline"}
     for name in ("shard_read", "input_pipeline"):
         assert doc["sections"][name]["ratio"]["median"] > 0
-    assert "| trainer / torch DDP (Gloo) |" in proc.stdout and "| shard stream / bare boto3" in proc.stdout
+    assert "| shard stream / bare boto3" in proc.stdout
 
 
 def test_a_document_merged_from_two_runs_names_both_and_what_each_measured(results):

@@ -62,29 +62,27 @@ def test_bad_arguments_are_one_message_and_exit_2(argv, message):
 
 @pytest.mark.slow
 def test_quick_run_writes_valid_results(tmp_path):
-    """Smoke: real Horovod and DDP workers, one short repeat; checks the document, not the speed."""
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--sections", "peer_study,headline",
+    """Smoke: the headline section's real runs (the trainer through the local flow, bare Horovod and DDP
+    workers), one short repeat; checks the document, not the speed. The peer study's workers are the
+    same bench/worker_*.py, and its table is rendered from results in the tests below."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--sections", "headline",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "quick.json").read_text())
-    comp = doc["sections"]["peer_study"]["comparison"]
-    assert set(comp["contenders"]) == {"ddp", "ddp-pin", "hvd-defaults", "hvd-threads1-pin-cycle0.5"}
-    for c in comp["contenders"].values():
-        assert c["samples"][0] > 0 and c["runs"][0]["world_size"] == 2
-    pinned = comp["contenders"]["hvd-threads1-pin-cycle0.5"]["runs"][0]
-    assert pinned["torch_threads"] == 1 and pinned["env"]["HOROVOD_CYCLE_TIME"] == "0.5"
-    # Pinned workers report the core they were given; unpinned ones report none.
-    assert len(pinned["cpus"]) == 1 and len(comp["contenders"]["ddp-pin"]["runs"][0]["cpus"]) == 1
-    assert comp["contenders"]["hvd-defaults"]["runs"][0]["cpus"] is None
-    assert set(comp["ratios"]) == {"ddp-pin", "hvd-defaults", "hvd-threads1-pin-cycle0.5"}
-    assert doc["sections"]["peer_study"]["best"] in STUDY
-    assert "**Horovod tuning study**" in proc.stdout   # the run prints what RESULTS.md shows
+    assert set(doc["sections"]) == {"headline"}
     # The real trainer ran with checkpoints to the local S3 store and its window was read from its metrics.
     head = doc["sections"]["headline"]
     assert head["status"] == "ok", head.get("reason")
-    trainer_run = head["comparison"]["contenders"]["trainer"]["runs"][0]
+    comp = head["comparison"]
+    for c in comp["contenders"].values():
+        assert c["samples"][0] > 0
+    trainer_run = comp["contenders"]["trainer"]["runs"][0]
     assert trainer_run["checkpoints_written"] >= 2 and trainer_run["samples_per_sec"] > 0
     assert set(head["peer"]) == {"trainer", "bare-hvd"} and head["efficiency"]["target"] == 0.97
+    # Pinned workers report the core they were given; unpinned ones report none.
+    cpus = {name: c["runs"][0]["cpus"] for name, c in comp["contenders"].items()}
+    assert cpus["ddp"] is None and len(cpus["ddp-pin"]) == 1 and len(cpus["bare-hvd"]) == 1, cpus
+    assert "**Trainer efficiency and peer comparison**" in proc.stdout  # what RESULTS.md shows
 
 
 def test_readme_section_is_rendered_from_the_results(results):

@@ -165,11 +165,11 @@ def _peak_rss_kb(args: list[str], env: dict) -> tuple[int, dict]:
 
 
 def test_a_workers_memory_does_not_grow_with_the_number_of_blocks(tmp_path):
-    # 10 and 100 blocks of 0.3 MB (75 k uint32 tokens, 293 windows of 255 + 1): a block a step, so the
-    # 100-block run reads 30 MB it could not keep in memory without showing it. (A vocabulary of 16 and
-    # a width of 4 keep the 75 k tokens a step cheap.)
+    # 10 and 100 blocks of 0.16 MB (40 k uint32 tokens, 156 windows of 255 + 1): a block a step, so the
+    # 100-block run reads 16 MB it could not keep in memory without showing it. (A vocabulary of 16 and
+    # a width of 4 keep the 40 k tokens a step cheap.)
     rng = np.random.default_rng(0)
-    block, seq, windows = 75_000, 255, 293
+    block, seq, windows = 40_000, 255, 156
     peaks = {}
     for n in (10, 100):
         uri = tmp_path / f"s{n}"
@@ -184,8 +184,8 @@ def test_a_workers_memory_does_not_grow_with_the_number_of_blocks(tmp_path):
                                           "--dim", "4", "--seq-len", str(seq), "--batch-size", str(windows),
                                           "--steps", "100", "--readahead-blocks", "2"], {})
         assert summary.steps == 100
-    # Streaming holds the block being read, two read ahead and the one being consumed (~4 x 0.3 MB, plus
-    # their windows as a batch); the margin, 8 MB, is under a third of what holding the 90 extra blocks'
-    # 27 MB would add.
+    # Streaming holds the block being read, two read ahead and the one being consumed (~4 x 0.16 MB, plus
+    # their windows as a batch); the margin, 5 MB, is about a third of what holding the 90 extra blocks'
+    # 14.4 MB would add.
     print(peaks)
-    assert peaks[100] - peaks[10] < 8_000, peaks
+    assert peaks[100] - peaks[10] < 5_000, peaks
