@@ -168,9 +168,10 @@ class Trainer:
         # and the averaged "gradient" is [the fraction of ranks asked to stop, the mean loss]: eight
         # bytes next to the gradients instead of collectives of their own (each collective costs a
         # negotiation round). Set directly, it skips the autograd nodes that carrying it through the
-        # graph would add, and the loss scaler never scales it. It is never updated (lr 0, and its gradient is cleared before the optimizer steps). Adasum
-        # does not average, so there it is a separate allreduce. With --compression fp16 the loss is
-        # averaged in fp16 too (3 significant digits).
+        # graph would add, and the loss scaler never scales it. It is never updated (lr 0, and its
+        # gradient is cleared before the optimizer steps). Adasum does not average, so there it is a
+        # separate allreduce. With --compression fp16 the loss is averaged in fp16 too (3 significant
+        # digits).
         self.stats_in_gradients = not cfg.horovod.adasum
         # With 2+ workers Horovod's Adasum optimizer is a different kind: it runs the wrapped
         # optimizer per parameter inside backward and reduces the updates, which step() then applies
