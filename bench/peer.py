@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from bench.compare import Contender
 from bench.image_loop import ImageShape
 from bench.launch import ddp_command, horovod_command, run_worker
+from bench.lm_loop import LmShape
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class LoopShape:
         return ["--model", self.model, "--width", str(self.width), "--data", "synthetic"]
 
 
-def horovod_contender(name: str, settings: HorovodSettings, shape: LoopShape | ImageShape,
+def horovod_contender(name: str, settings: HorovodSettings, shape: LoopShape | ImageShape | LmShape,
                       timeout_s: float) -> Contender:
     cmd = horovod_command("bench.worker_hvd", [*shape.args(), *settings.args()], np=shape.workers)
     return Contender(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.image_loop import ImageShape
 from bench.launch import BenchError, run_command, venv_bin
+from bench.lm_loop import LmShape
 from bench.peer import HorovodSettings, LoopShape
 from bench.stats import median_interval
 from cluster.job import JobSpec, trainer_config
@@ -47,7 +48,7 @@ class TrainerRun:
     """One trainer configuration to run; `checkpoint_every` 0 means no checkpoint store at all;
     `settings` None means the trainer's own defaults (no tuning flag or environment at all)."""
 
-    shape: LoopShape | ImageShape  # the demo task's model on synthetic data, or the image task
+    shape: LoopShape | ImageShape | LmShape  # the demo task on synthetic data, the image or the lm task
     settings: HorovodSettings | None
     checkpoint_every: int
     endpoint_url: str | None = None

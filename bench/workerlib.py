@@ -22,6 +22,10 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200, help="timed steps (after warmup)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--task", choices=("demo", "image", "lm"), default=None,
+                   help="the trainer's task whose workload this is (default: demo with synthetic data, "
+                   "image with --data DIR); lm: the lm task's GPT over the token shards in --data DIR "
+                   "(bench/lm_loop.py)")
     p.add_argument("--model", default="cnn",
                    help=f"synthetic data: the trainer's model ({', '.join(MODELS)}; train/model.py); "
                    "with --data DIR: a torchvision model by name")
@@ -33,6 +37,10 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, default=2, help="--data DIR: batches each loader process prepares")
     p.add_argument("--readahead-shards", type=int, default=2, help="--data DIR: shards fetched ahead")
     p.add_argument("--width", type=int, default=32, help="channels (cnn) or hidden units (mlp)")
+    p.add_argument("--layers", type=int, help="--task lm: the GPT's blocks")
+    p.add_argument("--heads", type=int, help="--task lm: attention heads")
+    p.add_argument("--dim", type=int, help="--task lm: model width")
+    p.add_argument("--seq-len", type=int, help="--task lm: tokens per sample")
     p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: leave as is)")
     p.add_argument("--compression", choices=["none", "fp16"], default="none", help="Horovod only")
     p.add_argument("--groups", type=int, default=0,
@@ -42,21 +50,32 @@ def worker_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pin each worker's threads to its share of the cores, as the trainer does")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for name in ("steps", "batch_size", "width"):
-        if getattr(args, name) < 1:
+    args.task = args.task or ("demo" if args.data == "synthetic" else "image")
+    if (args.task == "demo") != (args.data == "synthetic"):
+        p.error(f"--task {args.task} with --data {args.data}: demo trains on synthetic data, image and lm "
+                "read a dataset (--data DIR)")
+    gpt_flags = ("layers", "heads", "dim", "seq_len")
+    if args.task == "lm" and None in (getattr(args, name) for name in gpt_flags):
+        p.error("--task lm needs --layers, --heads, --dim and --seq-len (the trainer's lm task's)")
+    for name in ("steps", "batch_size", "width", *gpt_flags):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0 or args.threads < 0 or args.groups < 0 or args.loader_workers < 0:
         p.error("--warmup, --threads, --groups and --loader-workers must be >= 0")
-    if args.data == "synthetic" and args.model not in MODELS:
+    if args.task == "demo" and args.model not in MODELS:
         p.error(f"--model {args.model!r}: with synthetic data one of {', '.join(MODELS)}")
     return args
 
 
 def workload(args: argparse.Namespace, rank: int, world: int) -> tuple[torch.nn.Module, Callable[[], tuple]]:
     """The model and a next-batch function: the trainer's model on its synthetic batch (the same batch
-    every step), or with --data the image task's model and input pipeline. Call after pinning: the
-    image pipeline's DataLoader processes inherit the worker's cores."""
-    if args.data != "synthetic":
+    every step), the image task's model and input pipeline, or the lm task's GPT and windows. Call
+    after pinning: the image pipeline's DataLoader processes inherit the worker's cores."""
+    if args.task == "lm":
+        from bench.lm_loop import lm_workload
+
+        return lm_workload(args, rank, world)
+    if args.task == "image":
         from bench.image_loop import image_workload
 
         return image_workload(args, rank, world)

@@ -29,6 +29,7 @@ from train.errors import BadInput
 from train.task import Example, Task
 
 DEFAULT_SHAPE = gpt.Shape(layers=4, heads=4, dim=256)
+DEFAULT_SEQ_LEN = 256
 
 
 def shape_from_args(args: argparse.Namespace) -> gpt.Shape:
@@ -50,7 +51,7 @@ class LanguageModelTask(Task):
         parser.add_argument("--heads", type=int, default=None, help=f"attention heads (default {d.heads})")
         parser.add_argument("--dim", type=int, default=None,
                             help=f"model width, a multiple of --heads (default {d.dim})")
-        parser.add_argument("--seq-len", type=int, default=256, help="context: tokens per sample")
+        parser.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="context: tokens per sample")
         parser.add_argument("--dropout", type=float, default=0.0)
         parser.add_argument("--activation-checkpointing", action="store_true",
                             help="recompute each block's activations in the backward pass (less memory, "
