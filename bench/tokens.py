@@ -1,35 +1,45 @@
-"""The lm task's text path against bare loops (issue 36's bench rows), each comparison interleaved:
+"""The lm task's text path and trainer against bare loops (issue 36's bench rows), each comparison
+interleaved:
 
-    python -m bench.tokens [--repeats 8] [--out bench/results/tokens.json]
+    python -m bench.tokens [--rows ROW,...] [--repeats N] [--quick] [--out bench/results/tokens.json]
 
-token_pipeline  tokens/s of the lm task's stream (train.tokens.WindowStream: a ranged read of each
-                block, its checksum, the windows cut and gathered into int64 batches on a read-ahead
-                thread) against a bare loop over the same blocks in the same order through a numpy
-                memmap of the shard (no checksum, no thread): the same batches, bit for bit.
-packing         MB of text per CPU-second of `pack tokens` with one tokenizer process (its main
-                process and the worker, both counted) against the tokenizer alone
-                (Tokenizer.encode_batch_fast in one process) on the same documents.
+token_pipeline   tokens/s of the lm task's stream (train.tokens.WindowStream: a ranged read of each
+                 block, its checksum, the windows cut and gathered into int64 batches on a read-ahead
+                 thread) against a bare loop over the same blocks in the same order through a numpy
+                 memmap of the shard (bench.lm_loop.memmap_batches: no checksum, no thread): the same
+                 batches, bit for bit.
+packing          MB of text per CPU-second of `pack tokens` with one tokenizer process (its main
+                 process and the worker, both counted) against the tokenizer alone
+                 (Tokenizer.encode_batch_fast in one process) on the same documents.
+trainer_vs_bare  tokens/s of `python -m train --task lm` (2 workers under horovodrun, as the backends
+                 launch it) against a bare Horovod loop training the same GPT on the same batches
+                 (bench/lm_loop.py through bench/worker_hvd.py), over the same steady window.
 
 The corpus is the standard library's source as Parquet (cluster/example_data.py), tokenized by a
-2,048-token BPE trained on it. The trainer's tokens/s against a bare Horovod loop is not here: see
-bench/RESULTS.md.
+2,048-token BPE trained on it (--quick: one package, a 512-token BPE, a tiny GPT: a smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from bench.compare import Contender, run_comparison
-from bench.stats import median_interval
+from bench.figures import Ratio
+from bench.lm_loop import LmShape, memmap_batches, tokens_per_s
+from bench.peer import horovod_contender
+from bench.sections import EFFICIENCY_TARGET, PRODUCTION, TRAINER_DEFAULTS
+from bench.trainer_run import TrainerRun
+from train.tasks.lm import DEFAULT_SEQ_LEN, DEFAULT_SHAPE
 
 PACKAGES = ("json", "email", "http", "logging", "unittest", "xml", "asyncio")
 
@@ -39,26 +49,68 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def prepare(root: Path) -> dict:
+@dataclass(frozen=True)
+class TokensPlan:
+    """How big each row is: the full run and --quick differ only here."""
+
+    packages: tuple[str, ...]   # standard-library packages in the corpus
+    vocab: int                  # the BPE's vocabulary
+    block_tokens: int           # tokens per checksummed block of the shards
+    repeats: int                # token_pipeline and packing
+    pipeline_seq_len: int
+    pipeline_batch: int
+    pipeline_epochs: int
+    trainer_shape: LmShape      # its `data` is filled in with the packed shards
+    trainer_repeats: int
+    timeout_s: float            # one trainer or bare-loop run
+
+
+# The trainer row: the lm task's default GPT and context (train/tasks/lm.py) at a batch whose step is
+# long against the trainer's own per-step work, as a real model's is; 6 repeats are the fewest that
+# give a 95 % interval (bench.stats.median_interval).
+FULL = TokensPlan(PACKAGES, 2048, 1 << 16, repeats=8, pipeline_seq_len=1024, pipeline_batch=8,
+                  pipeline_epochs=40,
+                  trainer_shape=LmShape("", steps=40, warmup=10, layers=DEFAULT_SHAPE.layers,
+                                        heads=DEFAULT_SHAPE.heads, dim=DEFAULT_SHAPE.dim,
+                                        seq_len=DEFAULT_SEQ_LEN, batch_size=8),
+                  trainer_repeats=6, timeout_s=600)
+QUICK = TokensPlan(("json",), 512, 2048, repeats=1, pipeline_seq_len=128, pipeline_batch=4, pipeline_epochs=1,
+                   trainer_shape=LmShape("", steps=10, warmup=10, layers=1, heads=2, dim=32, seq_len=32,
+                                         batch_size=4),
+                   trainer_repeats=1, timeout_s=120)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The rows' data: the Parquet corpus, its documents, the BPE trained on them, their token shards."""
+
+    parquet: Path
+    docs: list[str]
+    tokenizer: Path
+    tokens: Path
+
+
+def prepare(root: Path, plan: TokensPlan) -> Corpus:
     from cluster.example_data import write_stdlib_parquet
     from train import pack_tokens, text_source, tokenizer
 
     corpus = root / "parquet"
-    write_stdlib_parquet(corpus, list(PACKAGES))
+    write_stdlib_parquet(corpus, list(plan.packages))
     docs = list(text_source.corpus(text_source.find_sources([str(corpus)], None), "text"))
-    tok = tokenizer.train_bpe(docs, 2048)
+    tok = tokenizer.train_bpe(docs, plan.vocab)
     tok_path = root / "tokenizer.json"
     tok_path.write_text(tok.to_str())
     pack_tokens.pack_tokens([str(corpus)], str(root / "tokens"), str(tok_path), workers=1, memory_mb=256,
-                            shard_mb=64, block_tokens=1 << 16)
-    return {"corpus": corpus, "docs": docs, "tokenizer": tok_path, "tokens": root / "tokens"}
+                            shard_mb=64, block_tokens=plan.block_tokens)
+    return Corpus(corpus, docs, tok_path, root / "tokens")
 
 
-def token_pipeline(data: dict, repeats: int, seq_len: int = 1024, batch: int = 8, epochs: int = 40) -> dict:
+def token_pipeline(data: Corpus, plan: TokensPlan, root: Path) -> dict:
     from train import tokens
 
-    view = tokens.open_dataset(str(data["tokens"]), None).windows(seq_len)
-    steps = epochs * view_length(view, batch)
+    seq_len, batch = plan.pipeline_seq_len, plan.pipeline_batch
+    view = tokens.open_dataset(str(data.tokens), None).windows(seq_len)
+    steps = plan.pipeline_epochs * view_length(view, batch)
 
     def stream() -> dict:
         s = tokens.WindowStream(view, 0, batch, 0, 1, None, readahead=4)
@@ -70,35 +122,14 @@ def token_pipeline(data: dict, repeats: int, seq_len: int = 1024, batch: int = 8
         return {"tokens_per_s": steps * batch * seq_len / (time.perf_counter() - t)}
 
     def bare() -> dict:
-        ds = view.ds
-        maps = [np.memmap(ds.store.root / e["name"], dtype=ds.dtype, mode="r") for e in ds.index["shards"]]
-        plan = tokens.Plan.from_state(None, 1)
-        out = np.empty((batch, seq_len + 1), dtype=np.int64)
         t = time.perf_counter()
-        done, filled, epoch = 0, 0, 0
-        while done < steps:
-            for b, start, end in plan.rank_segments(view, 0, 0):
-                block = ds.blocks[b]
-                toks = maps[block.shard][block.start:block.start + block.tokens]
-                n = end - start
-                windows = np.lib.stride_tricks.as_strided(toks, (n, seq_len + 1), (seq_len * toks.itemsize,
-                                                                                     toks.itemsize))
-                order = tokens.sample_order(0, epoch, b, n)
-                i = 0
-                while i < n and done < steps:
-                    take = min(n - i, batch - filled)
-                    out[filled:filled + take] = windows[order[i:i + take]]
-                    filled, i = filled + take, i + take
-                    if filled == batch:
-                        _ = out.copy()
-                        done, filled = done + 1, 0
-            epoch += 1
-            plan = tokens.Plan(epoch, 1, None, 0)
-            filled = 0
+        for i, _ in enumerate(memmap_batches(view, 0, batch, 0, 1), 1):
+            if i == steps:
+                break
         return {"tokens_per_s": steps * batch * seq_len / (time.perf_counter() - t)}
 
     result = run_comparison([Contender("bare_memmap", bare), Contender("stream", stream)], "bare_memmap",
-                            repeats, metric="tokens_per_s", progress=lambda m: print(m, file=sys.stderr))
+                            plan.repeats, metric="tokens_per_s", progress=_progress)
     return {**result, "shape": {"seq_len": seq_len, "batch": batch, "steps": steps,
                                 "blocks": len(view.ds.blocks), "dtype": view.ds.index["dtype"]}}
 
@@ -109,55 +140,122 @@ def view_length(view, batch: int) -> int:
     return tokens.Plan.from_state(None, 1).length(view, 0, batch)
 
 
-def packing(data: dict, repeats: int, root: Path) -> dict:
+def packing(data: Corpus, plan: TokensPlan, root: Path) -> dict:
     from tokenizers import Tokenizer
 
     from train import pack_tokens
 
-    tok = Tokenizer.from_file(str(data["tokenizer"]))
-    mb = sum(map(len, data["docs"])) / 1e6
+    tok = Tokenizer.from_file(str(data.tokenizer))
+    mb = sum(map(len, data.docs)) / 1e6
     runs = iter(range(10_000))
 
     def alone() -> dict:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         cpu = _cpu_s()
-        for i in range(0, len(data["docs"]), 64):
-            tok.encode_batch_fast(data["docs"][i:i + 64], add_special_tokens=False)
+        for i in range(0, len(data.docs), 64):
+            tok.encode_batch_fast(data.docs[i:i + 64], add_special_tokens=False)
         return {"mb_per_cpu_s": mb / (_cpu_s() - cpu)}
 
     def pack() -> dict:
         cpu = _cpu_s()
         out = root / f"pack-{next(runs)}"
-        pack_tokens.pack_tokens([str(data["corpus"])], str(out), str(data["tokenizer"]), workers=1,
-                                memory_mb=256, shard_mb=64, block_tokens=1 << 16)
+        pack_tokens.pack_tokens([str(data.parquet)], str(out), str(data.tokenizer), workers=1,
+                                memory_mb=256, shard_mb=64, block_tokens=plan.block_tokens)
         return {"mb_per_cpu_s": mb / (_cpu_s() - cpu)}
 
     result = run_comparison([Contender("tokenizer_alone", alone), Contender("pack_tokens", pack)],
-                            "tokenizer_alone", repeats, metric="mb_per_cpu_s",
-                            progress=lambda m: print(m, file=sys.stderr))
+                            "tokenizer_alone", plan.repeats, metric="mb_per_cpu_s", progress=_progress)
     return {**result, "text_mb": mb}
+
+
+def trainer_vs_bare(data: Corpus, plan: TokensPlan, root: Path) -> dict:
+    """`python -m train --task lm` under horovodrun with its own defaults (no tuning flags, no
+    checkpoints; its metrics file is its timer) against the bare Horovod loop with the settings the
+    trainer picks on CPU workers (bench.sections.PRODUCTION), interleaved, both over the same steady
+    window, as the headline compares them on the demo's model."""
+    shape = dataclasses.replace(plan.trainer_shape, data=str(data.tokens))
+    trainer = TrainerRun(shape, TRAINER_DEFAULTS, 0)
+    bare = horovod_contender("bare-hvd", PRODUCTION, shape, plan.timeout_s)
+    contenders = [
+        Contender("trainer",
+                  lambda: tokens_per_s(trainer.run("lm-trainer", root, {}, plan.timeout_s), shape.seq_len),
+                  {"what": "python -m train --task lm under horovodrun (cluster.launch.horovodrun_command)",
+                   "metrics_file": True, "checkpoints": False,
+                   "settings": "the trainer's defaults (no tuning flags)", **asdict(shape)}),
+        dataclasses.replace(bare, run=lambda: tokens_per_s(bare.run(), shape.seq_len)),
+    ]
+    comparison = run_comparison(contenders, "bare-hvd", plan.trainer_repeats, metric="tokens_per_s",
+                                progress=_progress)
+    efficiency = Ratio.of(comparison["ratios"]["trainer"]["per_repeat"], EFFICIENCY_TARGET)
+    return {**comparison,
+            "window": f"steps {shape.warmup}..{shape.warmup + shape.steps} of every run "
+                      f"(the first {shape.warmup} are warmup and untimed for both)",
+            "efficiency": efficiency.to_json()}
+
+
+ROWS: dict[str, Callable[[Corpus, TokensPlan, Path], dict]] = {
+    "token_pipeline": token_pipeline, "packing": packing, "trainer_vs_bare": trainer_vs_bare}
+
+
+def merge_rows(previous: dict, measured: dict) -> dict:
+    """The results file after a run of some rows: the rows just measured, and the others as the file
+    had them (anything else in it is dropped)."""
+    return {name: measured.get(name, previous.get(name)) for name in ROWS
+            if name in measured or name in previous}
+
+
+def row_line(name: str, row: dict) -> str:
+    ratio = Ratio.of(next(iter(row["ratios"].values()))["per_repeat"])
+    ci = ratio.interval
+    contender = next(iter(row["ratios"]))
+    return (f"{name}: {contender} / {row['baseline']} = {ratio.median:.3f}"
+            + (f" (95 % {ci.low:.3f}-{ci.high:.3f})" if ci else " (too few repeats for an interval)"))
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _row_names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: rows are a comma-separated list of {', '.join(ROWS)}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.tokens", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=8)
-    p.add_argument("--out", default=None, help="write the results here as JSON")
+    p.add_argument("--rows", type=_row_names, default=list(ROWS),
+                   help=f"comma-separated, of {', '.join(ROWS)} (default: all)")
+    p.add_argument("--quick", action="store_true", help="a small corpus and model: a smoke run, not figures")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats of every row run (default: the plan's, "
+                        f"{FULL.repeats} and {FULL.trainer_repeats} for trainer_vs_bare)")
+    p.add_argument("--out", default=None,
+                   help="write the results here as JSON; rows not run are kept from the file already there")
     a = p.parse_args(argv)
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    load = os.getloadavg()[0]
+    plan = QUICK if a.quick else FULL
+    if a.repeats is not None:
+        if a.repeats < 1:
+            p.error(f"--repeats {a.repeats}: must be >= 1")
+        plan = dataclasses.replace(plan, repeats=a.repeats, trainer_repeats=a.repeats)
+    previous = {}
+    if a.out and Path(a.out).exists():
+        try:
+            previous = json.loads(Path(a.out).read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--out {a.out}: cannot read the results already there: {e}")
+    results = {}
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-tokens-") as tmp:
-        data = prepare(Path(tmp))
-        results = {"started": started, "load_average": load, "cpus": len(os.sched_getaffinity(0)),
-                   "token_pipeline": token_pipeline(data, a.repeats),
-                   "packing": packing(data, a.repeats, Path(tmp))}
-    for section in ("token_pipeline", "packing"):
-        name, ratio = next(iter(results[section]["ratios"].items()))
-        interval = median_interval(ratio["per_repeat"])
-        print(f"{section}: {name} / {results[section]['baseline']} = {ratio['median']:.3f} "
-              f"(95 % {interval.low:.3f}-{interval.high:.3f})" if interval else
-              f"{section}: {name} / {results[section]['baseline']} = {ratio['median']:.3f}")
+        data = prepare(Path(tmp), plan)
+        for name in a.rows:
+            measured = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": os.getloadavg()[0],
+                        "cpus": len(os.sched_getaffinity(0)), "quick": a.quick}
+            results[name] = {**ROWS[name](data, plan, Path(tmp)), "measured": measured}
+            print(row_line(name, results[name]))
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
+        Path(a.out).write_text(json.dumps(merge_rows(previous, results), indent=1) + "\n")
     return 0
 
 

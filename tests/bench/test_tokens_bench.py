@@ -1,0 +1,60 @@
+"""`python -m bench.tokens` (issue 36's rows): choosing rows, keeping the rows not run, and a quick
+run of the trainer-against-bare-loop row."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.tokens import QUICK, main, merge_rows
+
+
+def test_a_run_of_some_rows_keeps_the_others_from_the_file_and_drops_the_rest():
+    previous = {"started": "old top-level field", "token_pipeline": {"old": 1}, "packing": {"old": 2}}
+    merged = merge_rows(previous, {"trainer_vs_bare": {"new": 3}, "packing": {"new": 4}})
+    assert merged == {"token_pipeline": {"old": 1}, "packing": {"new": 4}, "trainer_vs_bare": {"new": 3}}
+
+
+@pytest.mark.parametrize("argv, message", [(["--rows", "trainer"], "rows are a comma-separated list of"),
+                                           (["--rows", ","], "rows are a comma-separated list of"),
+                                           (["--repeats", "0"], "--repeats 0: must be >= 1")])
+def test_bad_arguments_exit_2_naming_what_is_allowed(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_unreadable_results_file_is_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "tokens.json"
+    out.write_text("{not json")
+    with pytest.raises(SystemExit) as e:
+        main(["--rows", "trainer_vs_bare", "--quick", "--out", str(out)])
+    assert e.value.code == 2 and "cannot read the results already there" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quick_trainer_vs_bare_row_writes_its_comparison(tmp_path, capsys):
+    """Smoke: the trainer and the bare loop train the quick GPT once each; checks the document, not
+    the speed."""
+    out = tmp_path / "tokens.json"
+    out.write_text(json.dumps({"packing": {"kept": True}}))
+    assert main(["--rows", "trainer_vs_bare", "--quick", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["packing"] == {"kept": True}
+    row = doc["trainer_vs_bare"]
+    shape = QUICK.trainer_shape
+    assert (row["metric"], row["baseline"], row["repeats"]) == ("tokens_per_s", "bare-hvd", 1)
+    assert row["window"].startswith(f"steps {shape.warmup}..{shape.warmup + shape.steps} ")
+    for name in ("trainer", "bare-hvd"):
+        c = row["contenders"][name]
+        assert c["config"]["seq_len"] == shape.seq_len and c["config"]["layers"] == shape.layers
+        (run,) = c["runs"]
+        assert (run["world_size"], run["steps"], run["batch_size"]) == (2, shape.steps, shape.batch_size)
+        assert c["samples"] == [run["tokens_per_s"]] and run["tokens_per_s"] > 0
+        assert run["tokens_per_s"] == pytest.approx(run["samples_per_sec"] * shape.seq_len)
+    trainer, bare = (row["contenders"][n]["samples"][0] for n in ("trainer", "bare-hvd"))
+    assert row["efficiency"]["per_repeat"] == [pytest.approx(trainer / bare)]
+    assert row["efficiency"]["target"] == 0.97 and row["efficiency"]["interval"] is None  # one repeat
+    assert row["measured"]["quick"] is True and row["measured"]["cpus"] >= 1
+    assert "trainer_vs_bare: trainer / bare-hvd = " in capsys.readouterr().out
