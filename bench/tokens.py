@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             previous = json.loads(Path(a.out).read_text())
         except (OSError, ValueError) as e:
             p.error(f"--out {a.out}: cannot read the results already there: {e}")
+        if not isinstance(previous, dict):
+            p.error(f"--out {a.out}: holds {type(previous).__name__}, not this bench's results")
     results = {}
     with tempfile.TemporaryDirectory(prefix="ringtrain-bench-tokens-") as tmp:
         data = prepare(Path(tmp), plan)
@@ -253,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             measured = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average": os.getloadavg()[0],
                         "cpus": len(os.sched_getaffinity(0)), "quick": a.quick}
             results[name] = {**ROWS[name](data, plan, Path(tmp)), "measured": measured}
-            print(row_line(name, results[name]))
-    if a.out:
-        Path(a.out).write_text(json.dumps(merge_rows(previous, results), indent=1) + "\n")
+            print(row_line(name, results[name]), flush=True)
+            if a.out:  # after every row: a later row's failure keeps the rows measured
+                Path(a.out).write_text(json.dumps(merge_rows(previous, results), indent=1) + "\n")
     return 0
 
 

@@ -25,12 +25,15 @@ def test_bad_arguments_exit_2_naming_what_is_allowed(argv, message, capsys):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_an_unreadable_results_file_is_refused_before_anything_runs(tmp_path, capsys):
+@pytest.mark.parametrize("content, message", [("{not json", "cannot read the results already there"),
+                                              ("[1, 2]", "holds list, not this bench's results")])
+def test_an_unreadable_results_file_is_refused_before_anything_runs(content, message, tmp_path, capsys):
     out = tmp_path / "tokens.json"
-    out.write_text("{not json")
+    out.write_text(content)
     with pytest.raises(SystemExit) as e:
         main(["--rows", "trainer_vs_bare", "--quick", "--out", str(out)])
-    assert e.value.code == 2 and "cannot read the results already there" in capsys.readouterr().err
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert out.read_text() == content
 
 
 @pytest.mark.slow
