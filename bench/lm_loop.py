@@ -2,9 +2,10 @@
 (train/tasks/lm.py, train/gpt.py), trained on the same windows of the same token shards, for the
 trainer and for the bare Horovod loop (bench/worker_hvd.py with --task lm).
 
-The bare loop reads its windows the simplest way, through a numpy memmap of each shard (no checksum,
-no read-ahead thread), in the order the task's stream deals them: the same batches, bit for bit, so
-the comparison holds the model and the data equal and measures what the trainer adds around them.
+The bare loop reads its windows the simplest way, through a numpy memmap of each shard or by one
+ranged read per block (no checksum, no read-ahead thread), in the order the task's stream deals them:
+the same batches, bit for bit, so the comparison holds the model and the data equal and measures what
+the trainer adds around them.
 """
 
 from __future__ import annotations
@@ -60,25 +61,45 @@ def tokens_per_s(record: dict, seq_len: int) -> dict:
     return {**record, "tokens_per_s": float(record["samples_per_sec"]) * seq_len}
 
 
-def memmap_batches(view: WindowView, seed: int, batch_size: int, rank: int,
-                   world: int) -> Iterator[np.ndarray]:
-    """Worker `rank`'s batches of windows, [batch_size, seq_len + 1] int64, epoch after epoch, read
-    through numpy memmaps of the shards: the blocks the task's plan deals this worker in a fresh
-    epoch (train.shards.Plan), each block's windows in its sample order, and each epoch cut where the
-    worker with the fewest windows runs out of full batches, as train.tokens.WindowStream does.
-    Local datasets only (a memmap needs a file)."""
+def block_readers(view: WindowView) -> dict[str, Callable[[int], np.ndarray]]:
+    """The two bare ways to get block b's tokens, with no checksum and no thread: `memmap`, a slice of
+    a numpy memmap of its shard (local datasets only: a memmap needs a file), and `range`, one ranged
+    read of its bytes through the dataset's store, as the task's stream reads S3."""
+    ds = view.ds
+    maps: dict[int, np.memmap] = {}
+
+    def memmap(b: int) -> np.ndarray:
+        block = ds.blocks[b]
+        if block.shard not in maps:
+            maps[block.shard] = np.memmap(ds.store.root / ds.index["shards"][block.shard]["name"],
+                                          dtype=ds.dtype, mode="r")
+        return maps[block.shard][block.start:block.start + block.tokens]
+
+    def ranged(b: int) -> np.ndarray:
+        block, size = ds.blocks[b], ds.dtype.itemsize
+        name = ds.index["shards"][block.shard]["name"]
+        data = ds.store.get_range(name, block.start * size, (block.start + block.tokens) * size)
+        return np.frombuffer(data, dtype=ds.dtype)
+
+    return {"memmap": memmap, "range": ranged}
+
+
+def bare_batches(view: WindowView, seed: int, batch_size: int, rank: int, world: int,
+                   reads: str = "memmap") -> Iterator[np.ndarray]:
+    """Worker `rank`'s batches of windows, [batch_size, seq_len + 1] int64, epoch after epoch, each
+    block's tokens got by `reads` (block_readers): the blocks the task's plan deals this worker in a
+    fresh epoch (train.shards.Plan), each block's windows in its sample order, and each epoch cut where
+    the worker with the fewest windows runs out of full batches, as train.tokens.WindowStream does."""
     from train.shards import Plan, sample_order
 
-    ds = view.ds
-    maps = [np.memmap(ds.store.root / e["name"], dtype=ds.dtype, mode="r") for e in ds.index["shards"]]
+    read = block_readers(view)[reads]
     n_tokens = view.seq_len + 1
     for epoch in itertools.count():
         plan = Plan(epoch, world, None, 0)
         left = plan.length(view, seed, batch_size)
         batch, filled = np.empty((batch_size, n_tokens), dtype=np.int64), 0
         for b, start, end in plan.rank_segments(view, seed, rank):
-            block, n = ds.blocks[b], view.shards[b]["samples"]
-            tokens = maps[block.shard][block.start:block.start + block.tokens]
+            tokens, n = read(b), view.shards[b]["samples"]
             windows = np.lib.stride_tricks.as_strided(tokens, (n, n_tokens),
                                                       (view.seq_len * tokens.itemsize, tokens.itemsize))
             order, i = sample_order(seed, epoch, b, n), start
@@ -108,7 +129,7 @@ def lm_workload(args: argparse.Namespace, rank: int,
     model = nn.Sequential(gpt.GPT(view.ds.index["vocab_size"], args.seq_len,
                                   gpt.Shape(args.layers, args.heads, args.dim)),
                           nn.Flatten(0, 1))
-    batches = memmap_batches(view, args.seed, args.batch_size, rank, world)
+    batches = bare_batches(view, args.seed, args.batch_size, rank, world)
 
     def next_batch() -> tuple:
         batch = torch.from_numpy(next(batches))

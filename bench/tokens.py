@@ -4,10 +4,14 @@ interleaved:
     python -m bench.tokens [--rows ROW,...] [--repeats N] [--quick] [--out bench/results/tokens.json]
 
 token_pipeline   tokens/s of the lm task's stream (train.tokens.WindowStream: a ranged read of each
-                 block, its checksum, the windows cut and gathered into int64 batches on a read-ahead
-                 thread) against a bare loop over the same blocks in the same order through a numpy
-                 memmap of the shard (bench.lm_loop.memmap_batches: no checksum, no thread): the same
-                 batches, bit for bit.
+                 block, its checksum, the windows cut and gathered into int64 batches), with its
+                 default read-ahead (4 blocks on threads, for S3) and with --readahead-blocks 0 (each
+                 block read when needed, on the consuming thread, for a local disk), against a bare
+                 loop over the same blocks in the same order that reads each block by one ranged read
+                 (bench.lm_loop.bare_batches with reads="range": no checksum, no thread): the same
+                 batches, bit for bit. A bare loop through a numpy memmap of the shards is measured
+                 beside them, for what a read costs. The shards are packed at the product's default
+                 block size (train.tokens.BLOCK_TOKENS).
 packing          MB of text per CPU-second of `pack tokens` with one tokenizer process (its main
                  process and the worker, both counted) against the tokenizer alone
                  (Tokenizer.encode_batch_fast in one process) on the same documents.
@@ -35,11 +39,12 @@ from pathlib import Path
 
 from bench.compare import Contender, run_comparison
 from bench.figures import Ratio
-from bench.lm_loop import LmShape, memmap_batches, tokens_per_s
+from bench.lm_loop import LmShape, bare_batches, tokens_per_s
 from bench.peer import horovod_contender
 from bench.sections import EFFICIENCY_TARGET, PRODUCTION, TRAINER_DEFAULTS
 from bench.trainer_run import TrainerRun
 from train.tasks.lm import DEFAULT_SEQ_LEN, DEFAULT_SHAPE
+from train.tokens import BLOCK_TOKENS
 
 PACKAGES = ("json", "email", "http", "logging", "unittest", "xml", "asyncio")
 
@@ -55,7 +60,8 @@ class TokensPlan:
 
     packages: tuple[str, ...]   # standard-library packages in the corpus
     vocab: int                  # the BPE's vocabulary
-    block_tokens: int           # tokens per checksummed block of the shards
+    block_tokens: int           # tokens per checksummed block of the shards (packing, trainer_vs_bare)
+    pipeline_block_tokens: int  # the same, for the token_pipeline row's own shards
     repeats: int                # token_pipeline and packing
     pipeline_seq_len: int
     pipeline_batch: int
@@ -68,13 +74,14 @@ class TokensPlan:
 # The trainer row: the lm task's default GPT and context (train/tasks/lm.py) at a batch whose step is
 # long against the trainer's own per-step work, as a real model's is; 6 repeats are the fewest that
 # give a 95 % interval (bench.stats.median_interval).
-FULL = TokensPlan(PACKAGES, 2048, 1 << 16, repeats=8, pipeline_seq_len=1024, pipeline_batch=8,
+FULL = TokensPlan(PACKAGES, 2048, 1 << 16, BLOCK_TOKENS, repeats=8, pipeline_seq_len=1024, pipeline_batch=8,
                   pipeline_epochs=40,
                   trainer_shape=LmShape("", steps=40, warmup=10, layers=DEFAULT_SHAPE.layers,
                                         heads=DEFAULT_SHAPE.heads, dim=DEFAULT_SHAPE.dim,
                                         seq_len=DEFAULT_SEQ_LEN, batch_size=8),
                   trainer_repeats=6, timeout_s=600)
-QUICK = TokensPlan(("json",), 512, 2048, repeats=1, pipeline_seq_len=128, pipeline_batch=4, pipeline_epochs=1,
+QUICK = TokensPlan(("json",), 512, 2048, 2048, repeats=1, pipeline_seq_len=128, pipeline_batch=4,
+                   pipeline_epochs=1,
                    trainer_shape=LmShape("", steps=10, warmup=10, layers=1, heads=2, dim=32, seq_len=32,
                                          batch_size=4),
                    trainer_repeats=1, timeout_s=120)
@@ -106,32 +113,42 @@ def prepare(root: Path, plan: TokensPlan) -> Corpus:
 
 
 def token_pipeline(data: Corpus, plan: TokensPlan, root: Path) -> dict:
-    from train import tokens
+    from train import pack_tokens, tokens
 
+    shards = root / "tokens-pipeline"
+    pack_tokens.pack_tokens([str(data.parquet)], str(shards), str(data.tokenizer), workers=1, memory_mb=256,
+                            shard_mb=64, block_tokens=plan.pipeline_block_tokens)
     seq_len, batch = plan.pipeline_seq_len, plan.pipeline_batch
-    view = tokens.open_dataset(str(data.tokens), None).windows(seq_len)
+    view = tokens.open_dataset(str(shards), None).windows(seq_len)
     steps = plan.pipeline_epochs * view_length(view, batch)
 
-    def stream() -> dict:
-        s = tokens.WindowStream(view, 0, batch, 0, 1, None, readahead=4)
+    def timed(batches) -> dict:
         t = time.perf_counter()
-        for i, (_, _) in enumerate(s, 1):
-            if i == steps:
-                break
-        s.close()
-        return {"tokens_per_s": steps * batch * seq_len / (time.perf_counter() - t)}
-
-    def bare() -> dict:
-        t = time.perf_counter()
-        for i, _ in enumerate(memmap_batches(view, 0, batch, 0, 1), 1):
+        for i, _ in enumerate(batches, 1):
             if i == steps:
                 break
         return {"tokens_per_s": steps * batch * seq_len / (time.perf_counter() - t)}
 
-    result = run_comparison([Contender("bare_memmap", bare), Contender("stream", stream)], "bare_memmap",
-                            plan.repeats, metric="tokens_per_s", progress=_progress)
+    def stream(readahead: int) -> Callable[[], dict]:
+        def run() -> dict:
+            s = tokens.WindowStream(view, 0, batch, 0, 1, None, readahead=readahead)
+            try:
+                return timed(s)
+            finally:
+                s.close()
+        return run
+
+    def bare(reads: str) -> Callable[[], dict]:
+        return lambda: timed(bare_batches(view, 0, batch, 0, 1, reads=reads))
+
+    contenders = [Contender("bare_range", bare("range")),
+                  Contender("stream", stream(4), {"readahead_blocks": 4}),
+                  Contender("stream_inline", stream(0), {"readahead_blocks": 0}),
+                  Contender("bare_memmap", bare("memmap"))]
+    result = run_comparison(contenders, "bare_range", plan.repeats, metric="tokens_per_s", progress=_progress)
     return {**result, "shape": {"seq_len": seq_len, "batch": batch, "steps": steps,
-                                "blocks": len(view.ds.blocks), "dtype": view.ds.index["dtype"]}}
+                                "blocks": len(view.ds.blocks), "block_tokens": plan.pipeline_block_tokens,
+                                "dtype": view.ds.index["dtype"]}}
 
 
 def view_length(view, batch: int) -> int:
@@ -205,11 +222,14 @@ def merge_rows(previous: dict, measured: dict) -> dict:
 
 
 def row_line(name: str, row: dict) -> str:
-    ratio = Ratio.of(next(iter(row["ratios"].values()))["per_repeat"])
-    ci = ratio.interval
-    contender = next(iter(row["ratios"]))
-    return (f"{name}: {contender} / {row['baseline']} = {ratio.median:.3f}"
-            + (f" (95 % {ci.low:.3f}-{ci.high:.3f})" if ci else " (too few repeats for an interval)"))
+    """Every contender's median ratio to the row's baseline, with its interval."""
+    parts = []
+    for contender, ratios in row["ratios"].items():
+        ratio = Ratio.of(ratios["per_repeat"])
+        ci = ratio.interval
+        spread = f" (95 % {ci.low:.3f}-{ci.high:.3f})" if ci else " (too few repeats for an interval)"
+        parts.append(f"{contender} / {row['baseline']} = {ratio.median:.3f}{spread}")
+    return f"{name}: " + "; ".join(parts)
 
 
 def _progress(message: str) -> None:

@@ -99,14 +99,23 @@ class TokenDataset:
     def read_block(self, b: int) -> np.ndarray:
         """Block b's tokens, verified. Raises BadInput naming the shard when it is missing, short or
         fails its checksum."""
+        return self.verify_block(b, self.fetch_block(b))
+
+    def fetch_block(self, b: int) -> bytes:
+        """Block b's bytes, by one ranged read (the part of read_block that waits on the store)."""
         block = self.blocks[b]
         name = self.index["shards"][block.shard]["name"]
         size = self.dtype.itemsize
         try:
-            data = self.store.get_range(name, block.start * size, (block.start + block.tokens) * size)
+            return self.store.get_range(name, block.start * size, (block.start + block.tokens) * size)
         except FileNotFoundError:
             raise BadInput(f"dataset {self.uri}: shard {name} listed in {INDEX} is missing") from None
+
+    def verify_block(self, b: int, data: bytes) -> np.ndarray:
+        """Block b's tokens from its fetched bytes, once they pass the block's checksum."""
+        block = self.blocks[b]
         if checksum.of(data)[checksum.WRITTEN] != block.digest:
+            name = self.index["shards"][block.shard]["name"]
             raise BadInput(f"dataset {self.uri}: shard {name} block {block.index} (tokens {block.start}.."
                            f"{block.start + block.tokens}) fails its {checksum.WRITTEN} check (corrupt, "
                            "truncated or replaced)")
@@ -147,9 +156,9 @@ class WindowView:
     def shards(self) -> list[dict]:
         return [{"samples": max(b.tokens - 1, 0) // self.seq_len} for b in self.ds.blocks]
 
-    def windows(self, b: int) -> np.ndarray:
-        """Block b's windows, [n, seq_len + 1] (views into its tokens)."""
-        tokens = self.ds.read_block(b)
+    def windows(self, b: int, tokens: np.ndarray | None = None) -> np.ndarray:
+        """Block b's windows, [n, seq_len + 1] (views into its tokens, read here unless given)."""
+        tokens = self.ds.read_block(b) if tokens is None else tokens
         n = self.shards[b]["samples"]
         return np.lib.stride_tricks.as_strided(tokens, (n, self.seq_len + 1),
                                                (self.seq_len * tokens.itemsize, tokens.itemsize),
@@ -169,8 +178,13 @@ def check_fits(view: WindowView, batch_size: int, world: int) -> None:
 
 
 class WindowStream:
-    """One worker's batches of windows from `position` on, [batch_size, seq_len + 1] int64, with its
-    blocks read ahead on threads of their own (the ranged GETs and the checksums release the GIL).
+    """One worker's batches of windows from `position` on, [batch_size, seq_len + 1] int64.
+
+    Its blocks are read `readahead` blocks ahead on threads of their own: a ranged GET waits on the
+    network with the GIL released. readahead 0 reads each block on the consuming thread when it is
+    needed, for data on a local disk, where a read costs less than handing it over between threads.
+    The checksum, the sample order and the gather are quick work under the GIL and run on the
+    consuming thread in both modes, batch by batch, as a loop with no thread does them.
 
     Iterating yields (batch, position after it); the position is a train.shards.Plan's state.
     """
@@ -196,48 +210,67 @@ class WindowStream:
                 skip = 0
             plan = Plan(plan.epoch + 1, self.world, None, 0)
 
-    def _load(self, epoch: int, block: int) -> tuple[np.ndarray, np.ndarray]:
-        windows = self.view.windows(block)
+    def _fetch(self, block: int) -> bytes:
+        data = self.view.ds.fetch_block(block)
         self.blocks_read += 1
-        return windows, sample_order(self.seed, epoch, block, len(windows))
+        return data
+
+    def _fetched(self) -> Iterator[tuple[int, int, int, int, bytes]]:
+        """The segments with their blocks' bytes, read ahead on a pool or (readahead 0) inline."""
+        segments = self._segments()
+        if not self.readahead:
+            for epoch, block, start, end in segments:
+                yield epoch, block, start, end, self._fetch(block)
+            return  # (the segments never end)
+        _ = self.view.ds.store  # one client, made here; boto3's clients are thread-safe
+        pool = ThreadPoolExecutor(self.readahead + 1, thread_name_prefix="ringtrain-tokens")
+        pending: collections.deque = collections.deque()
+        try:
+            while True:
+                while len(pending) < self.readahead + 1:
+                    epoch, block, start, end = next(segments)
+                    pending.append((epoch, block, start, end, pool.submit(self._fetch, block)))
+                epoch, block, start, end, fetching = pending.popleft()
+                yield epoch, block, start, end, fetching.result()
+        finally:
+            for *_, fetching in pending:
+                fetching.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __iter__(self):
         self._batches = self._iterate()
         return self._batches
 
     def _iterate(self) -> Iterator[tuple[np.ndarray, dict]]:
-        _ = self.view.ds.store  # one client, made here; boto3's clients are thread-safe
-        pool = ThreadPoolExecutor(self.readahead + 1, thread_name_prefix="ringtrain-tokens")
-        segments = self._segments()
-        pending: collections.deque = collections.deque()
-        plan = self.plan
+        fetched = self._fetched()
+        plan, steps = self.plan, self.plan.steps
         length = plan.length(self.view, self.seed, self.batch_size)
-        batch = np.empty((self.batch_size, self.view.seq_len + 1), dtype=np.int64)
-        filled = 0
+        # a batch's position is this with its steps: one dict per batch, not a Plan
+        position = Plan(plan.epoch, plan.world, plan.segments, 0).state()
+        size, width = self.batch_size, self.view.seq_len + 1
+        batch, filled = np.empty((size, width), dtype=np.int64), 0
         try:
-            while True:
-                while len(pending) < self.readahead + 1:
-                    epoch, block, start, end = next(segments)
-                    pending.append((epoch, start, end, pool.submit(self._load, epoch, block)))
-                epoch, start, end, loading = pending.popleft()
-                windows, order = loading.result()  # a BadInput naming the shard is raised here
+            for epoch, block, start, end, data in fetched:
+                # a BadInput naming the shard is raised here
+                windows = self.view.windows(block, self.view.ds.verify_block(block, data))
+                order = sample_order(self.seed, epoch, block, len(windows))
                 i = start
                 while i < end and epoch == plan.epoch:  # another epoch: a tail the plan drops
-                    take = min(end - i, self.batch_size - filled)
-                    batch[filled:filled + take] = windows[order[i:i + take]]
-                    filled, i = filled + take, i + take
-                    if filled == self.batch_size:
-                        plan = Plan(plan.epoch, plan.world, plan.segments, plan.steps + 1)
-                        if plan.steps >= length:
-                            plan = Plan(plan.epoch + 1, self.world, None, 0)
+                    j = min(end, i + size - filled)
+                    batch[filled:filled + j - i] = windows[order[i:j]]
+                    filled, i = filled + j - i, j
+                    if filled == size:
+                        steps += 1
+                        if steps >= length:
+                            plan, steps = Plan(plan.epoch + 1, self.world, None, 0), 0
                             length = plan.length(self.view, self.seed, self.batch_size)
-                        yield batch.copy(), plan.state()
-                        filled = 0
-                del windows, loading
+                            position = plan.state()
+                        # a new array each time: the consumer may keep it
+                        yield batch, {**position, "steps": steps}
+                        batch, filled = np.empty((size, width), dtype=np.int64), 0
+                del windows, data
         finally:
-            for *_, loading in pending:
-                loading.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
+            fetched.close()
 
     def close(self) -> None:
         if self._batches is not None:

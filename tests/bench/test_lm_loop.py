@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.lm_loop import LmShape, lm_workload, memmap_batches, tokens_per_s
+from bench.lm_loop import LmShape, bare_batches, lm_workload, tokens_per_s
 from bench.sections import PRODUCTION
 from bench.trainer_run import TrainerRun, window_rate
 from bench.workerlib import worker_args
@@ -45,15 +45,16 @@ def shards(tmp_path):
     return write_token_shards(tmp_path / "tokens", [1000, 730, 455], block_tokens=200)
 
 
+@pytest.mark.parametrize("reads", ["memmap", "range"])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_the_memmap_loop_yields_the_task_streams_batches_bit_for_bit(shards, rank):
+def test_the_bare_loops_yield_the_task_streams_batches_bit_for_bit(shards, rank, reads):
     view = tokens.open_dataset(str(shards), None).windows(16)
     seed, batch, world = 7, 5, 2
     count = sum(Plan(e, world, None, 0).length(view, seed, batch) for e in range(3)) + 1  # into epoch 4
     stream = tokens.WindowStream(view, seed, batch, rank, world, None)
     expected = [b for b, _ in itertools.islice(stream, count)]
     stream.close()
-    got = [b.copy() for b in itertools.islice(memmap_batches(view, seed, batch, rank, world), count)]
+    got = [b.copy() for b in itertools.islice(bare_batches(view, seed, batch, rank, world, reads), count)]
     assert len(got) == len(expected) == count
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g.dtype == e.dtype == np.int64 and np.array_equal(g, e), f"batch {i}"

@@ -61,3 +61,16 @@ def test_quick_trainer_vs_bare_row_writes_its_comparison(tmp_path, capsys):
     assert row["efficiency"]["target"] == 0.97 and row["efficiency"]["interval"] is None  # one repeat
     assert row["measured"]["quick"] is True and row["measured"]["cpus"] >= 1
     assert "trainer_vs_bare: trainer / bare-hvd = " in capsys.readouterr().out
+
+
+def test_quick_token_pipeline_row_measures_both_read_modes_against_the_bare_range_loop(tmp_path, capsys):
+    out = tmp_path / "tokens.json"
+    assert main(["--rows", "token_pipeline", "--quick", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["token_pipeline"]
+    assert row["baseline"] == "bare_range"
+    assert set(row["ratios"]) == {"stream", "stream_inline", "bare_memmap"}
+    assert row["contenders"]["stream"]["config"] == {"readahead_blocks": 4}
+    assert row["contenders"]["stream_inline"]["config"] == {"readahead_blocks": 0}
+    assert row["shape"]["block_tokens"] == QUICK.pipeline_block_tokens
+    line = capsys.readouterr().out
+    assert "stream / bare_range = " in line and "stream_inline / bare_range = " in line

@@ -158,6 +158,7 @@ def test_task_help_lists_the_tasks_flags(outside_task):
      "--model-preset gpt2-small sets the model's size: drop --dim"),
     (["--task", "lm", "--model-preset", "gpt3"], "argument --model-preset: invalid choice: 'gpt3'"),
     (["--task", "lm", "--seq-len", "0"], "--seq-len 0: must be >= 1"),
+    (["--task", "lm", "--readahead-blocks", "-1"], "--readahead-blocks -1: must be >= 0"),
 ])
 def test_the_built_in_tasks_check_their_flags(argv, says):
     with pytest.raises(BadInput) as e:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
 import numpy as np
@@ -263,9 +264,9 @@ def token_set(tmp_path_factory):
     return str(uri)
 
 
-def _stream(uri, world, rank, position, seq_len=9, batch=4, seed=5):
+def _stream(uri, world, rank, position, seq_len=9, batch=4, seed=5, readahead=2):
     view = tokens.open_dataset(uri, None).windows(seq_len)
-    return tokens.WindowStream(view, seed, batch, rank, world, position, readahead=2)
+    return tokens.WindowStream(view, seed, batch, rank, world, position, readahead=readahead)
 
 
 def _take(stream, n):
@@ -291,6 +292,21 @@ def test_a_resumed_stream_reads_what_the_uninterrupted_one_reads(token_set):
         head = _take(_stream(token_set, 2, rank, None), 17)
         tail = [b for b, _ in _take(_stream(token_set, 2, rank, head[-1][1]), 43)]
         assert all(np.array_equal(a, b) for a, b in zip(whole, [b for b, _ in head] + tail, strict=True))
+
+
+def test_reading_each_block_inline_gives_the_read_ahead_batches_on_no_thread(token_set):
+    for rank in (0, 1):
+        inline, threads, before = [], set(), set(threading.enumerate())
+        for batch, position in _stream(token_set, 2, rank, None, readahead=0):
+            threads |= set(threading.enumerate()) - before
+            inline.append((batch, position))
+            if len(inline) == 60:
+                break
+        assert not threads, threads
+        ahead = _take(_stream(token_set, 2, rank, None), 60)  # past an epoch's end
+        assert [p for _, p in inline] == [p for _, p in ahead]
+        assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(inline, ahead, strict=True))
+        assert len({id(b) for b, _ in inline}) == 60  # a new array each time: the consumer may keep it
 
 
 def test_after_a_world_size_change_the_epoch_is_read_once_without_gaps_or_repeats(token_set):
