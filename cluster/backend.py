@@ -38,6 +38,10 @@ class BackendError(RuntimeError):
 
 @dataclass
 class JobHandle:
+    """A submitted job. `details` holds what its backend knows of it; every backend keeps "hosts" (the
+    workers' host names) and, once the job has started, "nodes" (each worker pod's node), which the
+    flow reads to keep an elastic job off a node its preflight found slow."""
+
     name: str
     backend: str
     details: dict[str, Any] = field(default_factory=dict)

@@ -1,13 +1,14 @@
 """The one flow every backend runs.
 
-    up -> storage -> dataset -> submit -> follow -> (resume) -> summary -> down
+    up -> storage -> dataset -> (preflight job) -> submit -> follow -> (resume) -> summary -> down
 
     result = run_job(backend, job, FlowOptions(...))
 
 A job that ends with exit code 75 (interrupted by SIGTERM after a checkpoint: a spot reclaim) is
 submitted again and the trainer resumes from its latest checkpoint, up to `max_resubmits` times.
-Teardown (`backend.down()`) always runs, on errors and on Ctrl-C / SIGTERM too, unless the caller
-asked to keep the cluster up.
+An elastic job's preflight runs first as a static job of its own, and a slow node it names is kept out
+of the elastic job (cluster/preflight_gate.py). Teardown (`backend.down()`) always runs, on errors and
+on Ctrl-C / SIGTERM too, unless the caller asked to keep the cluster up.
 
 Fault injection (`reclaim_at_step`) needs a backend with the FaultInjection and Progress capabilities
 (cluster/backend.py); the local backend has them. A backend with Progress gets a progress bar.
@@ -43,11 +44,18 @@ from cluster.backend import (
     Storage,
 )
 from cluster.job import JobSpec
+from cluster.preflight_gate import GateDecision, decide_gate, needs_gate, preflight_job, preflight_record
 from cluster.recovery import FailureCost, Next, decide, failure_cost, last_step
 from cluster.run_data import Dataset, DatasetSpec
 from train import stragglers
 from train.config import TrainConfig, with_flags
-from train.contract import EXIT_BAD_INPUT, EXIT_INTERRUPTED_RESUMABLE, MANIFEST, step_dir
+from train.contract import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED_RESUMABLE,
+    EXIT_PREFLIGHT_FAILED,
+    MANIFEST,
+    step_dir,
+)
 from train.summary import RunSummary, format_eval
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -112,6 +120,7 @@ class FlowResult:
     message: str = ""
     reclaims: list[Reclaim] = field(default_factory=list)
     export_kept: Path | None = None   # where the export was copied to (FlowOptions.keep_export_in)
+    preflight: Attempt | None = None  # an elastic job's preflight job (cluster/preflight_gate.py)
 
     @property
     def resumed(self) -> bool:
@@ -219,7 +228,8 @@ def format_summary(result: FlowResult) -> str:
     for r in result.reclaims:
         if r.fault != "reclaim":
             lines.append(f"  fault injected     {r.fault} {r.host} at step {r.step}")
-    every_record = [m for a in result.attempts for m in a.metrics]
+    every_record = [m for a in ([result.preflight] if result.preflight else []) + result.attempts
+                    for m in a.metrics]
     preflight = [m["preflight"] for m in every_record if isinstance(m.get("preflight"), dict)]
     if preflight:
         p = preflight[-1]
@@ -227,6 +237,8 @@ def format_summary(result: FlowResult) -> str:
         floor = f"floor {p['floor_gbps']:g} GB/s" if p.get("floor_gbps") is not None else "no floor"
         lines.append(f"  preflight          allreduce busbw {p['busbw_gbps']:g} GB/s over {p['ranks']} ranks "
                      f"({floor}): {verdict}")
+        if result.preflight is not None and result.preflight.decision:
+            lines.append(f"                     {result.preflight.decision}")
     straggle = stragglers.describe(every_record)
     if straggle:
         lines.append(f"  stragglers         {straggle}")
@@ -586,6 +598,16 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
             job = _with_preflight_floor(backend, job)
             if reclaimer is not None:
                 reclaimer.before_first_submit()
+            gate = None
+            if needs_gate(job):
+                gate, decision = _preflight_gate(backend, job, opts, out)
+                if not decision.passed:
+                    completed = True
+                    return FlowResult(job=job.name, succeeded=False, exit_code=EXIT_PREFLIGHT_FAILED,
+                                      attempts=[gate], summary=None, metrics=gate.metrics, reclaimed=[],
+                                      storage=storage, message=f"preflight: {decision.failure}",
+                                      reclaims=list(reclaimer.reclaims) if reclaimer else [])
+                job = dataclasses.replace(job, exclude_nodes=decision.exclude_nodes)
             resubmits = restarts = 0
             attempt_no = 0
             while True:
@@ -637,7 +659,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                     reclaimer.restore_for_resubmit()
                 out(f"attempt {attempt_no} {decision.reason}")
             completed = True
-            result = _result_of(job, attempts, last, reclaimer, storage)
+            result = dataclasses.replace(_result_of(job, attempts, last, reclaimer, storage), preflight=gate)
             if opts.keep_export_in is not None and result.summary is not None and result.summary.export:
                 from cluster.keep_export import keep_export
 
@@ -653,6 +675,31 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 reclaimer.stop()
             if not opts.keep_up:
                 _teardown(backend, completed, out)
+
+
+def _preflight_gate(backend: Backend, job: JobSpec, opts: FlowOptions,
+                    out: Callable[[str], None]) -> tuple[Attempt, GateDecision]:
+    """Run the elastic `job`'s preflight as a static job of its own and decide what the job does."""
+    pre = preflight_job(job)
+    started_at = time.time()
+    handle = backend.submit(pre)
+    hosts = list(handle.details.get("hosts", []))
+    out(f"preflight: the allreduce test across {', '.join(hosts) or backend.name}, as a static job before "
+        "the elastic one (a worker joining an elastic job cannot run it)")
+    follower = _Follower(backend, handle, pre, opts, out, None)
+    try:
+        follower.run()
+        last = backend.wait(handle, timeout_s=follower.time_left())
+    except BaseException:
+        if not opts.keep_up:
+            _cancel(backend, handle, out)
+        raise
+    attempt = _attempt_of(handle, last, hosts, started_at)
+    nodes = handle.details.get("nodes", {})
+    decision = decide_gate(last.exit_code, preflight_record(last.metrics), nodes, job)
+    attempt.decision = decision.note or decision.failure
+    out(f"preflight: {attempt.decision}")
+    return attempt, decision
 
 
 def _with_preflight_floor(backend: Backend, job: JobSpec) -> JobSpec:

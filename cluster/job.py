@@ -23,6 +23,7 @@ class JobSpec:
     at least `min_hosts` hosts are alive and lets lost hosts rejoin, up to `num_hosts`.
     `trainer` is the trainer's configuration (train/config.py), parsed once where the job is described
     (trainer_config); the launcher's command renders it (train.config.to_argv, cluster/launch.py).
+    `exclude_nodes`: nodes its workers must not be scheduled on (the preflight's slow ones, cluster/flow.py).
     """
 
     name: str
@@ -32,6 +33,7 @@ class JobSpec:
     min_hosts: int | None = None
     trainer: TrainConfig = field(default_factory=TrainConfig)
     env: dict[str, str] = field(default_factory=dict)
+    exclude_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum() or self.name != self.name.lower():
@@ -42,6 +44,8 @@ class JobSpec:
             raise ValueError(f"slots_per_host={self.slots_per_host}: must be >= 1")
         if self.min_hosts is not None and not 1 <= self.min_hosts <= self.num_hosts:
             raise ValueError(f"min_hosts={self.min_hosts}: must be between 1 and num_hosts={self.num_hosts}")
+        if any(not node for node in self.exclude_nodes):
+            raise ValueError(f"exclude_nodes={self.exclude_nodes}: node names must not be empty")
         if self.trainer.horovod.adasum and self.num_procs > 1:
             # horovod/common/ops: Adasum is implemented on MPI only (the trainer refuses it on Gloo too).
             raise ValueError(f"--adasum with {self.num_procs} workers: the cluster launch runs Horovod over "

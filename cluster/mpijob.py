@@ -192,6 +192,27 @@ def read_image_version(repo_root: Path) -> str:
     return version
 
 
+# A node selector term's requirement on a node's fields: the key must be metadata.name, and In and NotIn
+# take exactly one value each (kubernetes pkg/apis/core/validation validateNodeFieldSelectorRequirement:
+# "must be only one value when `operator` is 'In' or 'NotIn' for node field selector"). The requirements
+# of one term are ANDed, so each excluded node gets its own.
+NODE_NAME_FIELD = "metadata.name"
+
+
+def exclude_nodes_fields(nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """The nodeSelectorTerm matchFields that keep a pod off `nodes` (pure)."""
+    return [{"key": NODE_NAME_FIELD, "operator": "NotIn", "values": [node]} for node in sorted(set(nodes))]
+
+
+def excluded_nodes(pod_spec: Mapping[str, Any]) -> set[str]:
+    """The nodes a pod spec's required node affinity keeps it off by name (pure): what
+    exclude_nodes_fields wrote, as the scheduler reads it."""
+    terms = (pod_spec.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    return {req["values"][0] for term in terms for req in term.get("matchFields", ())
+            if req.get("key") == NODE_NAME_FIELD and req.get("operator") == "NotIn"}
+
+
 def worker_hostnames(job: JobSpec, namespace: str) -> list[str]:
     """The names the MPI Operator gives the workers, `<job>-worker-<i>.<job>.<ns>.svc` (mpi_operator)."""
     return [mpi_operator.pod_fqdn(mpi_operator.worker_pod_name(job.name, i), job.name, namespace)
@@ -379,6 +400,7 @@ def render_mpijob(
                          "values": list(workers.instance_types)},
                         {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": [workers.capacity_type]},
                     ],
+                    **({"matchFields": exclude_nodes_fields(job.exclude_nodes)} if job.exclude_nodes else {}),
                 }]}},
                 # One worker per node: each owns the node's GPUs and EFA interfaces.
                 "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{

@@ -4,6 +4,7 @@
     files.picture   # report.png: loss and samples/s per step, checkpoints, the reclaim and the resume
     files.summary   # summary.txt: the printed summary (and, on AWS, node-hours and cost)
     files.metrics   # metrics.jsonl: every attempt's metrics records, each tagged with its attempt
+                    # (an elastic job's preflight job, cluster/preflight_gate.py, as attempt 0)
 
 The picture is drawn from the trainer's metrics records (`--metrics-file`, JSON lines) and the flow's
 attempts (cluster/flow.py). Backends that do not bring the metrics back (AWS: they stay on the rank-0
@@ -197,8 +198,9 @@ def write_run_report(result: FlowResult, run_dir: Path,
     """Write the picture, the summary and every attempt's metrics into `run_dir` (created)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics = run_dir / "metrics.jsonl"
+    numbered = [(0, result.preflight)] if result.preflight is not None else []
     with metrics.open("w") as f:
-        for number, attempt in enumerate(result.attempts, 1):
+        for number, attempt in [*numbered, *enumerate(result.attempts, 1)]:
             for record in attempt.metrics:
                 f.write(json.dumps({"attempt": number, **record}) + "\n")
     summary = run_dir / "summary.txt"

@@ -108,6 +108,7 @@ class HealthConfig:
     preflight: bool = True
     preflight_min_busbw_gbps: float | None = None  # None: measure and report only
     preflight_mib: float | None = None  # None: 2048 on GPUs (the floor's nccl-tests size), 2 on CPUs
+    preflight_only: bool = False  # run the preflight and exit (the job flow's check before an elastic job)
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,9 @@ def build_parser(task_cls: type[Task] | None = None, task: str = DEFAULT_TASK,
                         "bandwidth (nccl-tests' busbw) is below this many GB/s; unset: report only")
     p.add_argument("--preflight-mib", type=float, default=None,
                    help="preflight: MiB per allreduce (default 2048 on GPUs, 2 on CPUs)")
+    p.add_argument("--preflight-only", action="store_true",
+                   help="run the preflight and exit: 0 when it passes, 69 below --preflight-min-busbw (the "
+                        "job flow runs this as a static job before an elastic one, to keep a slow host out)")
     p.add_argument("--init-from", default=None,
                    help="start from these weights: a safetensors file, a torch state_dict file or an "
                         "export (s3://... or a local path); strict unless --init-partial. A resume from a "
@@ -343,7 +347,8 @@ _FIELDS: dict[str, dict[str, str]] = {
                 "log_every": "log_every", "eval_every": "eval_every", "no_progress": "progress",
                 "metrics_lines": "lines"},
     "health": {"hang_timeout": "hang_timeout_s", "hang_factor": "hang_factor", "no_preflight": "preflight",
-               "preflight_min_busbw": "preflight_min_busbw_gbps", "preflight_mib": "preflight_mib"},
+               "preflight_min_busbw": "preflight_min_busbw_gbps", "preflight_mib": "preflight_mib",
+               "preflight_only": "preflight_only"},
     "weights": {"init_from": "init_from", "init_partial": "init_partial", "export_dir": "export_dir",
                 "no_export": "export"},
 }
@@ -451,6 +456,10 @@ def validate(cfg: TrainConfig, task_problems: list[str] = ()) -> None:
     need(h.preflight_min_busbw_gbps is None or h.preflight_min_busbw_gbps > 0,
          f"--preflight-min-busbw {h.preflight_min_busbw_gbps}: must be > 0 GB/s")
     need(h.preflight_mib is None or h.preflight_mib > 0, f"--preflight-mib {h.preflight_mib}: must be > 0")
+    need(not (h.preflight_only and not h.preflight), "--preflight-only with --no-preflight: choose one")
+    need(not (h.preflight_only and cfg.horovod.elastic),
+         "--preflight-only with --elastic: the preflight runs as a static job (a worker joining an elastic "
+         "job would meet no other in its collectives); drop --elastic")
     need(_is_data_uri(cfg.data.source),
          f"--data {cfg.data.source!r}: use 'synthetic', s3://bucket/prefix or a local directory path")
     if cfg.checkpoint.uri is not None:

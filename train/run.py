@@ -54,7 +54,7 @@ def preflight(cfg: TrainConfig, hvd, trainer: Trainer) -> bool:
         print(f"ringtrain: {result.describe()}", file=sys.stderr, flush=True)
     if result.passed:
         return False
-    if hvd.rank() == 0:
+    if hvd.rank() == 0 and not h.preflight_only:   # (then the caller decides: cluster/preflight_gate.py)
         print(f"train: error: {result.describe()}; the job stops before training (exit "
               f"{EXIT_PREFLIGHT_FAILED}, not retried)", file=sys.stderr, flush=True)
     return True
@@ -79,7 +79,11 @@ def run(cfg: TrainConfig) -> int:
     except BadInput as e:
         error = str(e)
     agree_on_inputs(hvd, error)
-    if preflight(cfg, hvd, trainer):
+    failed = preflight(cfg, hvd, trainer)
+    if cfg.health.preflight_only:
+        trainer.close_log()   # the preflight's record is what the caller reads
+        return EXIT_PREFLIGHT_FAILED if failed else 0
+    if failed:
         return EXIT_PREFLIGHT_FAILED
     trainer.build()
     progress = Progress()

@@ -138,6 +138,10 @@ class Trainer:
         if self.preflight is not None:
             self._log.log({"step": initial_step, "preflight": self.preflight, "time": time.time()})
 
+    def close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
     def note_preflight(self, record: dict) -> None:
         """train/preflight.py's result: into the metrics now if they are open, else when they open."""
         self.preflight = record
@@ -526,8 +530,7 @@ class Trainer:
             export=self.weights.exported_to,
         )
         if hvd.rank() == 0 and not self.summary_printed:
-            if self._log is not None:
-                self._log.close()
+            self.close_log()
             print(summary.line(), flush=True)
             self.summary_printed = True
         # Nobody exits before rank 0 has written its checkpoint and summary: under horovodrun the first

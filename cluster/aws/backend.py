@@ -76,6 +76,7 @@ from .kubectl import (
     owned_by,
     pending_reason,
     pod_name,
+    pod_nodes,
     pod_phase,
     pod_problem,
     ready_nodes,
@@ -501,6 +502,7 @@ class AwsBackend(Backend):
         or the startup deadline has passed with pods still Pending."""
         launchers, workers = self._pods(handle)
         launcher = launchers[-1] if launchers else None
+        handle.details.setdefault("nodes", {}).update(pod_nodes(workers))
         running = sum(1 for w in workers if pod_phase(w) == "Running")
         phase = pod_phase(launcher) if launcher is not None else None
         if phase in ("Succeeded", "Failed") or (phase == "Running" and running >= handle.details["needed"]):

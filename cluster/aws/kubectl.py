@@ -7,7 +7,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +240,12 @@ def pending_reason(pod: Mapping[str, Any]) -> str:
         if cond.get("status") == "False" and (cond.get("reason") or cond.get("message")):
             return f"{cond.get('type')}: {cond.get('reason', '')} {cond.get('message', '')}".strip()
     return f"phase {status.get('phase', 'Pending')}"
+
+
+def pod_nodes(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Each scheduled pod's node (pure): spec.nodeName, which the scheduler sets when it binds the pod
+    (Kubernetes PodSpec: "NodeName indicates in which node this pod is scheduled")."""
+    return {pod_name(p): str(p["spec"]["nodeName"]) for p in pods if (p.get("spec") or {}).get("nodeName")}
 
 
 def is_running(pod: Mapping[str, Any]) -> bool:

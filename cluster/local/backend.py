@@ -232,7 +232,8 @@ class LocalBackend(Backend):
                          details={"command": launcher.argv, "process": launcher.command, "mpijob": mpijob,
                                   "log_file": str(log_file),
                                   "metrics_file": str(metrics_file), "elastic": job.elastic,
-                                  "hosts": [h.name for h in hosts.hosts if h.pod]})
+                                  "hosts": [h.name for h in hosts.hosts if h.pod],
+                                  "nodes": {h.pod.hostname: h.name for h in hosts.hosts if h.pod}})
 
     def logs(self, handle: JobHandle) -> Iterator[str]:
         job = self._job(handle)

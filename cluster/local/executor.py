@@ -12,6 +12,9 @@ What it reproduces (cluster/mpi_operator.py has the operator's side, with its so
 - The operator's ConfigMap, written in its format: `hostfile` (0444) and `discover_hosts.sh` (0555),
   which lists the Running worker pods and is rewritten whenever a host goes or comes back. In the
   launcher's namespace they are at /etc/mpi (`ip netns exec` binds /etc/netns/<ns>/mpi over it).
+- The scheduler's part for the one constraint the flow adds: a host the worker template's node affinity
+  excludes by name (matchFields metadata.name NotIn, cluster.mpijob.exclude_nodes_fields) gets no
+  worker; a worker with no host left stays Pending (not started, not in discover_hosts.sh).
 - launcherCreationPolicy WaitForWorkersReady: each worker's readiness probe (its tcpSocket port)
   passes before the launcher starts; AtStartup: the launcher starts at once.
 - The launcher container runs on the launcher host (its own namespace, hostname `<job>-launcher`):
@@ -44,7 +47,7 @@ from cluster import mpi_operator
 from cluster.backend import BackendError
 from cluster.local import network
 from cluster.local.hosts import Host, LocalHosts, Pod
-from cluster.mpijob import launcher_container, worker_container
+from cluster.mpijob import excluded_nodes, launcher_container, worker_container
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The image's ENTRYPOINT, as this checkout provides it (image/Dockerfile: ENTRYPOINT [python, entrypoint.py]).
@@ -93,12 +96,16 @@ def launcher_process(mpijob: Mapping[str, Any], environ: Mapping[str, str], path
 
 
 def worker_pods(mpijob: Mapping[str, Any], hosts: Sequence[Host]) -> dict[str, Pod]:
-    """Worker pod i on the i-th host, live hosts first (pure); the pods' names and environment."""
+    """Worker pod i on the i-th host, live hosts first (pure); the pods' names and environment. Hosts the
+    workers' node affinity excludes get none; workers left without a host stay Pending (none here)."""
     name = mpijob["metadata"]["name"]
     namespace = mpijob["metadata"]["namespace"]
-    replicas = int(mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"])
-    targets = [h for h in hosts if h.live] + [h for h in hosts if not h.live]
-    if replicas > len(targets):
+    worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]
+    replicas = int(worker["replicas"])
+    excluded = excluded_nodes(worker["template"]["spec"])
+    targets = [h for h in hosts if h.live and h.name not in excluded] + \
+        [h for h in hosts if not h.live and h.name not in excluded]
+    if replicas > len(targets) and not excluded:
         raise BackendError(f"MPIJob {name} has {replicas} workers but the local cluster {len(targets)} hosts")
     env = mpi_operator.container_env(worker_container(mpijob), mpi_operator.WORKER_ENV)
     pods = {}

@@ -27,8 +27,9 @@ from cluster.aws.capacity import (
 )
 from cluster.aws.outputs import parse_outputs
 from cluster.backend import BackendError
-from cluster.flow import FlowOptions, run_job
+from cluster.flow import FlowOptions, format_summary, run_job
 from cluster.job import JobSpec, trainer_config
+from cluster.mpijob import launcher_container
 from cluster.run_cost import format_costs, node_group_costs
 from cluster.usage import UsageError
 from infra.catalog import CatalogError, load_catalog, parse_catalog
@@ -294,3 +295,41 @@ def test_unknown_groups_are_one_message_and_exit_2_in_both_commands(dev_outputs_
     dry = json.loads(ringtrain("submit", "--stack", "dev", "--outputs", str(dev_outputs_file), "--dry-run",
                                "--job-name", "j", "--node-group", "l4-spot,a10g-spot").stdout)
     assert _pools(dry) == [["l4-spot"]]   # the dry run shows the first group's manifest
+
+
+def test_an_elastic_jobs_preflight_keeps_its_slow_node_out(two_groups, dev_exports, tmp_path):  # noqa: F811
+    """The elastic job's preflight runs first as a static MPIJob (--preflight-only); it names worker 2
+    slow, so the elastic MPIJob's workers get a node affinity that rules out the node worker 2 ran on:
+    the scheduler puts them on the other two nodes and the job runs there (cluster/preflight_gate.py)."""
+    from train.metrics import metrics_line
+
+    fake, _ = two_groups
+    fake.add_nodes("a10g-spot", 3, GPU_NODE)
+    slow = {"busbw_gbps": 0.4, "floor_gbps": 100.0, "ranks": 12, "passed": False, "bytes": 2 ** 31,
+            "slow_hosts": ["gate-worker-2"], "pairs_gbps": {}}
+    fake.plan(JobScript(log=["[0]<stdout>:" + metrics_line({"step": 0, "preflight": slow, "time": 1.0}),
+                             "[0]<stderr>:train: error: preflight: allreduce busbw 0.4 GB/s over 12 ranks: "
+                             "BELOW THE FLOOR; slow: gate-worker-2",
+                             "Process 0 exit with status code 69."], exit_code=1),
+              JobScript(log=DONE_LOG, exit_code=0))
+    backend, messages = _backend(dev_exports, tmp_path, node_group="a10g-spot")
+    job = JobSpec(name="gate", num_hosts=3, slots_per_host=4, elastic=True, min_hosts=2,
+                  trainer=trainer_config(("--data", "s3://d/x", "--steps", "20")))
+    lines: list[str] = []
+    result = run_job(backend, job, FlowOptions(progress_bar=False, dataset=None), out=lines.append)
+    assert result.succeeded, (lines, messages)
+    pre, elastic = fake.mpijobs()
+    assert "--preflight-only" in _launcher_args(pre) and "--elastic" not in _launcher_args(pre)
+    assert "--preflight-only" not in _launcher_args(elastic) and "--elastic" in _launcher_args(elastic)
+    worker_2_node = "ip-10-0-0-12.ec2.internal"   # the stand-in's scheduler: worker i on the i-th node
+    (term,) = elastic["manifest"]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["affinity"][
+        "nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": [worker_2_node]}]
+    assert any(f"slow: {worker_2_node} (gate-worker-2); excluded: the elastic job runs on the other 2" in line
+               for line in lines), lines
+    assert result.preflight is not None and result.preflight.exit_code == 69 and len(result.attempts) == 1
+    assert "excluded: the elastic job runs on the other 2 host(s)" in format_summary(result)
+
+
+def _launcher_args(mpijob: dict) -> list[str]:
+    return launcher_container(mpijob["manifest"])["args"]

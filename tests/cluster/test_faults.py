@@ -4,7 +4,8 @@ that command runs (cluster/flow.py run_job), on one cluster kept up across the c
 - kill: a worker SIGKILLed mid-run -> restarted from the newest checkpoint, done.
 - hang: a worker SIGSTOPped -> the other rank's watchdog ends it (exit 76), restarted, done.
 - late reclaim: the host reclaimed once the last step is reached -> done, not FAILED.
-- slow-link: a host's link capped by tc tbf -> the preflight fails the job fast, naming the hosts.
+- slow-link: a host's link capped by tc tbf -> the preflight fails the job fast, naming the hosts; in an
+  elastic job of three hosts, the slow one is kept out and the job runs on the other two.
 """
 
 from __future__ import annotations
@@ -91,3 +92,29 @@ def test_a_slow_link_fails_the_job_fast_naming_its_hosts(cluster):
     assert "preflight" in result.message and "BELOW THE FLOOR" in result.message, result.message
     assert "faultslow-worker-0 and faultslow-worker-1" in result.message   # two hosts: both ends
     assert time.monotonic() - t0 < 180
+
+
+def test_an_elastic_jobs_slow_host_is_kept_out_and_the_job_runs_on_the_rest():
+    """Three hosts, host-2's link slow from the start: the elastic job's preflight (a static job of its
+    own, cluster/preflight_gate.py) names host-2's worker, and the elastic job runs on the other two."""
+    import importlib.util
+
+    if importlib.util.find_spec("horovod.torch") is None:
+        pytest.skip("needs Horovod: run scripts/setup")
+    ok, why = network.namespaces_available()
+    if not ok:
+        pytest.skip(f"a slow link needs network-namespace hosts: {why}")
+    backend = LocalBackend(3, log=print)
+    job = JobSpec(name="faultgate", num_hosts=3, elastic=True, min_hosts=2, env=PACING,
+                  trainer=trainer_config(("--steps", "20", *ARGS[2:])))
+    opts = FlowOptions(dataset=DatasetSpec(shards=3, samples_per_shard=128), reclaim_at_step=0,
+                       fault="slow-link", progress_bar=False, job_timeout_s=400)
+    lines: list[str] = []
+    result = run_job(backend, job, opts, out=lambda s: (lines.append(s), print(s)))
+    out = "\n".join(lines)
+    assert result.succeeded and result.exit_code == 0, out
+    assert result.preflight is not None and result.preflight.exit_code == EXIT_PREFLIGHT_FAILED, out
+    assert "preflight: below the floor (allreduce busbw" in out
+    assert "slow: host-2 (faultgate-worker-2); excluded: the elastic job runs on the other 2 host(s)" in out
+    (attempt,) = result.attempts
+    assert attempt.summary.steps == 20 and attempt.summary.world_size == 2, out

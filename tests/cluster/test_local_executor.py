@@ -82,6 +82,13 @@ def test_worker_pods_are_placed_live_hosts_first_with_the_operators_names_and_th
         worker_pods(mpijob, [_host(0, True)])
 
 
+def test_a_host_the_workers_node_affinity_excludes_gets_no_worker_and_a_worker_left_over_waits():
+    job = JobSpec(name="e", num_hosts=3, elastic=True, min_hosts=2, exclude_nodes=("host-1",))
+    pods = worker_pods(render(job), [_host(0, True), _host(1, True), _host(2, True)])
+    # as the scheduler would: worker 2 has no allowed host left and stays Pending (no pod here)
+    assert {h: p.hostname for h, p in pods.items()} == {"host-0": "e-worker-0", "host-2": "e-worker-1"}
+
+
 @pytest.fixture(params=[True, False], ids=["netns", "localhost"])
 def cluster(request, tmp_path):
     if request.param:

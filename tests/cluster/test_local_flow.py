@@ -64,18 +64,21 @@ STEP_PACING = {"RINGTRAIN_FAULT_STEP_SLEEP_S": "0.1"}
 def assert_ran_the_mpijobs_launcher(backend: RecordingBackend, elastic: bool) -> None:
     """Every submission ran the rendered MPIJob's launcher container verbatim: the image's ENTRYPOINT and
     the container's args (static: the operator's hostfile; elastic: its discovery script), on the
-    launcher host (its own namespace, named as the operator names the launcher pod)."""
+    launcher host (its own namespace, named as the operator names the launcher pod). An elastic job's
+    first submission is its preflight, a static job (cluster/preflight_gate.py)."""
     from cluster.local.executor import IMAGE_ENTRYPOINT
     from cluster.mpijob import launcher_container
 
     assert backend.handles
-    for handle in backend.handles:
+    for i, handle in enumerate(backend.handles):
         mpijob = handle.details["mpijob"]
         args = launcher_container(mpijob)["args"]
+        assert ("--preflight-only" in args) is (elastic and i == 0)
+        run = elastic and i > 0
         assert handle.details["command"] == [*IMAGE_ENTRYPOINT, *args]
         assert args[:2] == ["launcher", "--"] and args[2] == "horovodrun"
-        assert ("--host-discovery-script" in args) is elastic and ("--hostfile" in args) is not elastic
-        assert "/etc/mpi/discover_hosts.sh" in args if elastic else "/etc/mpi/hostfile" in args
+        assert ("--host-discovery-script" in args) is run and ("--hostfile" in args) is not run
+        assert "/etc/mpi/discover_hosts.sh" in args if run else "/etc/mpi/hostfile" in args
         assert args[args.index("--network-interfaces") + 1] == backend.seen["iface"]
         if backend.seen["isolated"]:
             process = handle.details["process"]

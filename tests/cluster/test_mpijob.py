@@ -22,6 +22,7 @@ from cluster.mpijob import (
     WORKER_TERMINATION_GRACE_S,
     MPIJobError,
     WorkerNodes,
+    excluded_nodes,
     read_image_version,
     render_mpijob,
     worker_hostnames,
@@ -90,6 +91,27 @@ def test_schema_checks_catch_a_broken_manifest():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(bad_pod)
+
+
+def test_excluded_nodes_are_one_name_field_requirement_each_as_the_api_server_requires():
+    """kubernetes pkg/apis/core/validation validateNodeFieldSelectorRequirement: matchFields takes the key
+    metadata.name, In or NotIn, and exactly one value; the requirements of a term are ANDed."""
+    nodes = ("ip-10-0-0-12.ec2.internal", "ip-10-0-0-11.ec2.internal")
+    manifest = render(dataclasses.replace(ELASTIC, exclude_nodes=nodes), G5_SPOT)
+    spec = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert term["matchFields"] == [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-0-11.ec2.internal"]},
+        {"key": "metadata.name", "operator": "NotIn", "values": ["ip-10-0-0-12.ec2.internal"]}]
+    assert term["matchExpressions"] == render(ELASTIC, G5_SPOT)["spec"]["mpiReplicaSpecs"]["Worker"][
+        "template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"]   # the node group's labels still hold
+    assert excluded_nodes(spec) == {"ip-10-0-0-11.ec2.internal", "ip-10-0-0-12.ec2.internal"}
+    assert "matchFields" not in str(render(ELASTIC, G5_SPOT))
+    validate(manifest)
+    with pytest.raises(ValueError, match="node names must not be empty"):
+        dataclasses.replace(ELASTIC, exclude_nodes=("",))
 
 
 def test_static_launcher_reads_the_operators_hostfile_whose_names_the_operator_gives():

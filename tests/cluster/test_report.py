@@ -3,6 +3,7 @@ metrics records and the flow's attempts; the files beside it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -95,6 +96,21 @@ def test_the_summary_and_every_attempts_metrics_are_beside_the_picture(tmp_path)
     records = [json.loads(line) for line in files.metrics.read_text().splitlines()]
     assert [r["attempt"] for r in records] == [1] * 6 + [2] * 4
     assert records[-1]["step"] == 40
+
+
+def test_an_elastic_jobs_preflight_job_is_attempt_0_of_the_metrics_and_in_the_summary(tmp_path):
+    record = {"busbw_gbps": 0.001, "floor_gbps": 0.005, "ranks": 3, "passed": False, "slow_hosts": ["w-2"]}
+    gate = Attempt(69, None, ["host-0", "host-1", "host-2"], metrics=[{"step": 0, "preflight": record}],
+                   decision="below the floor; slow: host-2 (w-2); excluded: the elastic job runs on the "
+                            "other 2 host(s)")
+    result = dataclasses.replace(reclaimed_and_resumed(), preflight=gate)
+    files = write_run_report(result, tmp_path)
+    records = [json.loads(line) for line in files.metrics.read_text().splitlines()]
+    assert [r["attempt"] for r in records] == [0] + [1] * 6 + [2] * 4 and "preflight" in records[0]
+    summary = files.summary.read_text()
+    assert ("preflight          allreduce busbw 0.001 GB/s over 3 ranks (floor 0.005 GB/s): FAILED, "
+            "slow: w-2") in summary
+    assert "excluded: the elastic job runs on the other 2 host(s)" in summary
 
 
 def test_a_backend_without_metrics_still_gets_a_picture_saying_so(tmp_path):

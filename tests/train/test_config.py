@@ -12,7 +12,8 @@ from train.config import build_parser, parse_args, to_argv, with_flags
 from train.errors import BadInput
 
 PARITY = f"{Path(__file__).parent / 'user_task.py'}:ParityTask"
-# Every trainer flag at a value that is not its default (--adasum apart: it excludes several of these).
+# Every trainer flag at a value that is not its default (--adasum and --preflight-only apart: they
+# exclude some of these).
 EVERY_FLAG = [
     "--steps", "7", "--batch-size", "4", "--lr", "0.01", "--optimizer", "adamw", "--momentum", "0.5",
     "--betas", "0.8", "0.99", "--lr-scaling", "linear",
@@ -39,12 +40,15 @@ def _round_trip(argv: list[str]):
 
 def test_every_trainer_flag_survives_the_round_trip():
     cfg = _round_trip(EVERY_FLAG)
-    trainer_options = {a.option_strings[0] for a in build_parser()._actions} - {"-h", "--task", "--adasum"}
+    trainer_options = ({a.option_strings[0] for a in build_parser()._actions}
+                       - {"-h", "--task", "--adasum", "--preflight-only"})
     # A flag added to the parser and not to to_argv (or to this list) fails here.
     assert {part for part in to_argv(cfg) if part.startswith("--")} == trainer_options
     assert cfg.named == trainer_options
     adasum = _round_trip(["--adasum", "--steps", "3"])
     assert adasum.horovod.adasum and to_argv(adasum) == ["--steps", "3", "--adasum"]
+    only = _round_trip(["--preflight-only", "--steps", "3"])
+    assert only.health.preflight_only and to_argv(only) == ["--steps", "3", "--preflight-only"]
 
 
 def test_defaults_render_nothing_and_a_default_named_on_purpose_is_kept():

@@ -1,7 +1,15 @@
-"""The preflight's arithmetic (train/preflight.py); the measurement runs in the local flow tests."""
+"""The preflight's arithmetic (train/preflight.py), and the trainer's --preflight-only mode run for real;
+the slow-link cases run in the local flow tests (tests/cluster/test_faults.py)."""
+
+import json
 
 import pytest
 
+from cluster.exit_codes import job_exit_code
+from tests.train.proc import horovodrun_cmd, run
+from train.config import parse_args
+from train.contract import EXIT_PREFLIGHT_FAILED
+from train.errors import BadInput
 from train.preflight import PreflightResult, bus_bandwidth, pair_bandwidth, slow_hosts
 
 
@@ -29,3 +37,27 @@ def test_the_result_names_the_slow_hosts_and_records_gbps():
     assert "BELOW THE FLOOR; slow: host-0 and host-1" in r.describe()
     assert r.record()["floor_gbps"] == 0.02 and r.record()["passed"] is False
     assert PreflightResult(ranks=2, nbytes=1, busbw=1.0, floor=None).passed
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--preflight-only", "--no-preflight"], "--preflight-only with --no-preflight: choose one"),
+    (["--preflight-only", "--elastic"], "the preflight runs as a static job"),
+])
+def test_preflight_only_refuses_what_contradicts_it(argv, says):
+    with pytest.raises(BadInput, match=says):
+        parse_args(argv, environ={})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("floor", "code"), [(None, 0), ("1e6", EXIT_PREFLIGHT_FAILED)])  # 1e6 GB/s: never
+def test_preflight_only_measures_records_and_exits_before_training(tmp_path, floor, code):
+    metrics = tmp_path / "m.jsonl"
+    args = ["--data", "synthetic", "--metrics-file", str(metrics), "--preflight-only", "--steps", "50"]
+    r = run(horovodrun_cmd(2, *args, *(["--preflight-min-busbw", floor] if floor else [])), timeout=180)
+    # horovodrun exits 1 for any failed worker; the job's code is the workers' (cluster/exit_codes.py)
+    assert job_exit_code(r.returncode, (r.stdout + r.stderr).splitlines()) == code, r.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [list(rec["preflight"]) for rec in records if "preflight" in rec]   # the record, written
+    assert not [rec for rec in records if "loss" in rec]                        # and no training step
+    record = next(rec["preflight"] for rec in records if "preflight" in rec)
+    assert record["ranks"] == 2 and record["busbw_gbps"] > 0 and record["passed"] is (code == 0)

@@ -92,7 +92,7 @@ class Store:
 class Job:
     """One applied MPIJob and everything the operator, the scheduler and the kubelet make of it."""
 
-    def __init__(self, record: dict[str, Any], now: float):
+    def __init__(self, record: dict[str, Any], now: float, nodes: list[dict[str, Any]] | None = None):
         self.r = record
         self.s = JobScript(**record["script"])
         self.now = now
@@ -103,9 +103,17 @@ class Job:
         self.at_startup = spec.get("launcherCreationPolicy") == "AtStartup"
         self.worker_policy = spec["mpiReplicaSpecs"]["Worker"].get("restartPolicy", "Never")
         self.clean_running = spec.get("runPolicy", {}).get("cleanPodPolicy", "Running") in ("Running", "All")
+        # The scheduler: worker i on the i-th Ready node its node affinity allows, by labels (In) and by
+        # name (the cluster's nodes, or made-up ones where the test added none); a worker with no node
+        # left is Unschedulable.
+        template = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+        pool = [n["metadata"]["name"] for n in nodes or [] if _schedulable(n, template)] if nodes else \
+            [f"ip-10-0-1-{k + 10}.ec2.internal" for k in range(self.replicas)]
+        self.placement = [n for n in pool if n not in _names_excluded(template)]
         t0 = record["t0"]
         self.valid = _valid_name(self.name, self.replicas)
-        blocked = (self.s.unschedulable_workers or self.s.init_failure or self.s.image_pull_error)
+        blocked = (self.s.unschedulable_workers or self.s.init_failure or self.s.image_pull_error
+                   or len(self.placement) < self.replicas)
         self.ready_at = None if blocked or not self.valid else t0 + self.s.start_s
         self.job_created = (t0 if self.at_startup else self.ready_at) if self.valid else None
         self.running_at = None if self.job_created is None else self.job_created + LAUNCHER_START_S
@@ -212,10 +220,14 @@ class Job:
         pod: dict[str, Any] = {"metadata": meta, "spec": {"hostname": name, "subdomain": self.name}}
         status: dict[str, Any] = {"phase": "Pending", "conditions": []}
         pod["status"] = status
-        if i in s.unschedulable_workers:
+        if i in s.unschedulable_workers or i >= len(self.placement):
+            message = s.unschedulable_message if i in s.unschedulable_workers else (
+                f"0/{len(self.placement)} nodes are available: node(s) didn't match Pod's node "
+                "affinity/selector.")
             status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                     "message": s.unschedulable_message}]
+                                     "message": message}]
             return pod
+        pod["spec"]["nodeName"] = self.placement[i]
         status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
         half = t0 + s.start_s / 2
         if self.t < half:
@@ -268,6 +280,34 @@ class Job:
         return {"metadata": meta, "spec": {"hostname": job_name, "subdomain": self.name}, "status": status}
 
 
+def _names_excluded(pod_spec: dict[str, Any]) -> set[str]:
+    """Node names a pod's required node affinity rules out (matchFields metadata.name NotIn), checked as
+    the API server validates them: one value per requirement (kubernetes pkg/apis/core/validation
+    validateNodeFieldSelectorRequirement)."""
+    terms = (pod_spec.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    excluded = set()
+    for term in terms:
+        for req in term.get("matchFields", []):
+            if req["key"] != "metadata.name" or req["operator"] not in ("In", "NotIn") or \
+                    len(req["values"]) != 1:
+                raise ValueError(f"invalid node field selector requirement {req}")
+            if req["operator"] == "NotIn":
+                excluded.add(req["values"][0])
+    return excluded
+
+
+def _schedulable(node: dict[str, Any], pod_spec: dict[str, Any]) -> bool:
+    """A Ready node whose labels meet the pod's required node affinity's label requirements (In)."""
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+    labels = node["metadata"].get("labels", {})
+    terms = (pod_spec.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    # the stand-in's nodes carry only the node-pool label: the other keys are taken as met
+    wanted = [e for t in terms for e in t.get("matchExpressions", []) if e["operator"] == "In"]
+    return ready and all(labels[e["key"]] in e["values"] for e in wanted if e["key"] in labels)
+
+
 def _cond(kind: str, message: str, reason: str = "") -> dict[str, Any]:
     return {"type": kind, "status": "True", "reason": reason or f"MPIJob{kind}", "message": message}
 
@@ -290,7 +330,7 @@ class World:
 
     def __init__(self, state: dict[str, Any], now: float):
         self.state, self.now = state, now
-        self.jobs = [Job(r, now) for r in state["mpijobs"]]
+        self.jobs = [Job(r, now, state["nodes"]) for r in state["mpijobs"]]
 
     def pods(self) -> list[dict[str, Any]]:
         return [p for j in self.jobs for p in j.pods()]
