@@ -686,7 +686,7 @@ def _preflight_gate(backend: Backend, job: JobSpec, opts: FlowOptions,
     hosts = list(handle.details.get("hosts", []))
     out(f"preflight: the allreduce test across {', '.join(hosts) or backend.name}, as a static job before "
         "the elastic one (a worker joining an elastic job cannot run it)")
-    follower = _Follower(backend, handle, pre, opts, out, None)
+    follower = _Follower(backend, handle, pre, dataclasses.replace(opts, progress_bar=False), out, None)
     try:
         follower.run()
         last = backend.wait(handle, timeout_s=follower.time_left())
