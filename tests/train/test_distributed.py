@@ -339,8 +339,10 @@ def test_adasum_on_gloo_with_two_workers_is_one_clear_error():
     says = "train: error: --adasum with 2 or more workers needs Horovod's MPI controller"
     assert r.stderr.count(says) == 1, r.stderr[-3000:]
     assert "]<stderr>:Traceback" not in r.stderr
+    # horovodrun prints the code of the first worker to fail, then terminates the rest; whether it prints
+    # the second's too depends on which of them it sees exit first (gloo_run.py)
     codes = _worker_exit_codes(r.stdout)
-    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "143"}, r.stdout
+    assert codes and codes[0] == "2" and set(codes) <= {"2", "143"}, r.stdout
 
 
 @pytest.mark.slow
