@@ -600,9 +600,11 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
                 reclaimer.before_first_submit()
             gate = None
             if needs_gate(job):
-                gate, decision = _preflight_gate(backend, job, opts, out)
+                gate, gate_result, decision = _preflight_gate(backend, job, opts, out)
                 if not decision.passed:
                     completed = True
+                    if gate_result.exit_code not in (0, EXIT_PREFLIGHT_FAILED):   # its own failure, as is
+                        return _result_of(job, [gate], gate_result, reclaimer, storage)
                     return FlowResult(job=job.name, succeeded=False, exit_code=EXIT_PREFLIGHT_FAILED,
                                       attempts=[gate], summary=None, metrics=gate.metrics, reclaimed=[],
                                       storage=storage, message=f"preflight: {decision.failure}",
@@ -678,7 +680,7 @@ def run_job(backend: Backend, job: JobSpec, opts: FlowOptions | None = None,
 
 
 def _preflight_gate(backend: Backend, job: JobSpec, opts: FlowOptions,
-                    out: Callable[[str], None]) -> tuple[Attempt, GateDecision]:
+                    out: Callable[[str], None]) -> tuple[Attempt, JobResult, GateDecision]:
     """Run the elastic `job`'s preflight as a static job of its own and decide what the job does."""
     pre = preflight_job(job)
     started_at = time.time()
@@ -699,7 +701,7 @@ def _preflight_gate(backend: Backend, job: JobSpec, opts: FlowOptions,
     decision = decide_gate(last.exit_code, preflight_record(last.metrics), nodes, job)
     attempt.decision = decision.note or decision.failure
     out(f"preflight: {attempt.decision}")
-    return attempt, decision
+    return attempt, last, decision
 
 
 def _with_preflight_floor(backend: Backend, job: JobSpec) -> JobSpec:

@@ -310,7 +310,8 @@ def test_an_elastic_jobs_preflight_keeps_its_slow_node_out(two_groups, dev_expor
     fake.plan(JobScript(log=["[0]<stdout>:" + metrics_line({"step": 0, "preflight": slow, "time": 1.0}),
                              "[0]<stderr>:train: error: preflight: allreduce busbw 0.4 GB/s over 12 ranks: "
                              "BELOW THE FLOOR; slow: gate-worker-2",
-                             "Process 0 exit with status code 69."], exit_code=1),
+                             "Process 0 exit with status code 69."], exit_code=1,
+                        start_s=1.0),   # its workers are there (and seen) at least this long
               JobScript(log=DONE_LOG, exit_code=0))
     backend, messages = _backend(dev_exports, tmp_path, node_group="a10g-spot")
     job = JobSpec(name="gate", num_hosts=3, slots_per_host=4, elastic=True, min_hosts=2,
@@ -333,3 +334,18 @@ def test_an_elastic_jobs_preflight_keeps_its_slow_node_out(two_groups, dev_expor
 
 def _launcher_args(mpijob: dict) -> list[str]:
     return launcher_container(mpijob["manifest"])["args"]
+
+
+def test_an_elastic_job_whose_preflight_job_meets_bad_input_fails_with_it(two_groups, dev_exports, tmp_path):  # noqa: F811
+    fake, _ = two_groups
+    fake.add_nodes("a10g-spot", 2, GPU_NODE)
+    fake.plan(JobScript(log=["[0]<stderr>:train: error: no dataset at s3://d/x: index.json not found",
+                             "Process 0 exit with status code 2."], exit_code=1))
+    backend, _ = _backend(dev_exports, tmp_path, node_group="a10g-spot")
+    job = JobSpec(name="gatebad", num_hosts=2, slots_per_host=4, elastic=True,
+                  trainer=trainer_config(("--data", "s3://d/x", "--steps", "20")))
+    result = run_job(backend, job, FlowOptions(progress_bar=False, dataset=None), out=lambda m: None)
+    assert (result.succeeded, result.exit_code) == (False, 2)
+    assert result.message.startswith("bad input: exit code 2: train: error: no dataset at s3://d/x: "
+                                      "index.json not found")
+    assert len(fake.mpijobs()) == 1   # the elastic job was never submitted

@@ -39,6 +39,18 @@ def test_the_result_names_the_slow_hosts_and_records_gbps():
     assert PreflightResult(ranks=2, nbytes=1, busbw=1.0, floor=None).passed
 
 
+def test_a_slow_allreduce_whose_every_pair_is_above_the_floor_passes_naming_no_link():
+    pairs = {("w-0", "w-1"): 70e6, ("w-0", "w-2"): 40e6, ("w-1", "w-2"): 55e6}
+    r = PreflightResult(ranks=3, nbytes=2**21, busbw=1.4e6, floor=5e6, pairs=pairs)
+    assert r.passed and r.record()["passed"] is True
+    assert "below the floor, but every pair of hosts is above it" in r.describe()
+    one_slow = PreflightResult(ranks=3, nbytes=2**21, busbw=1.4e6, floor=5e6,
+                               pairs={**pairs, ("w-1", "w-2"): 1e6})
+    assert not one_slow.passed
+    # no pair measured (all ranks on one host): nothing clears the allreduce
+    assert not PreflightResult(ranks=2, nbytes=2**21, busbw=1.4e6, floor=5e6).passed
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--preflight-only", "--no-preflight"], "--preflight-only with --no-preflight: choose one"),
     (["--preflight-only", "--elastic"], "the preflight runs as a static job"),
