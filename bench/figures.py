@@ -23,10 +23,13 @@ def verdict(met: bool, undecided: bool) -> str:
 class Ratio:
     """Per-repeat ratios of one comparison: their median, its distribution-free 95 % interval (None
     with fewer than 6 repeats: bench.stats.median_interval) and, with a target, whether the median
-    meets it and whether the interval decides that (lies wholly on one side of the target)."""
+    meets it and whether the interval decides that (lies wholly on one side of the target). A target
+    is a floor (the ratio is met at or above it), or with `at_most` a ceiling (a cost such as CPU per
+    image, met at or below it)."""
 
     per_repeat: tuple[float, ...]
     target: float | None = None
+    at_most: bool = False
 
     def __post_init__(self) -> None:
         if not self.per_repeat:
@@ -34,8 +37,8 @@ class Ratio:
         object.__setattr__(self, "per_repeat", tuple(float(x) for x in self.per_repeat))
 
     @classmethod
-    def of(cls, per_repeat: Sequence[float], target: float | None = None) -> Ratio:
-        return cls(tuple(per_repeat), target)
+    def of(cls, per_repeat: Sequence[float], target: float | None = None, at_most: bool = False) -> Ratio:
+        return cls(tuple(per_repeat), target, at_most)
 
     @property
     def median(self) -> float:
@@ -49,13 +52,15 @@ class Ratio:
     def met(self) -> bool:
         if self.target is None:
             raise ValueError("a ratio without a target is neither met nor not")
-        return self.median >= self.target
+        return self.median <= self.target if self.at_most else self.median >= self.target
 
     @property
     def decided(self) -> bool:
         """The interval lies on one side of the target; False without an interval or a target."""
-        ci = self.interval
-        return self.target is not None and ci is not None and (ci.low >= self.target or ci.high < self.target)
+        ci, t = self.interval, self.target
+        if t is None or ci is None:
+            return False
+        return (ci.high <= t or ci.low > t) if self.at_most else (ci.low >= t or ci.high < t)
 
     @property
     def undecided(self) -> bool:
@@ -72,11 +77,13 @@ class Ratio:
                                "interval": None if ci is None else [ci.low, ci.high]}
         if self.target is not None:
             out.update(target=self.target, met=self.met, decided=self.decided)
+            if self.at_most:
+                out["at_most"] = True
         return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Ratio:
-        return cls.of(d["per_repeat"], d.get("target"))
+        return cls.of(d["per_repeat"], d.get("target"), d.get("at_most", False))
 
 
 @dataclass(frozen=True)

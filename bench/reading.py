@@ -79,19 +79,37 @@ def lookup(sections: dict, path: str) -> Any:
 
 def fill(template: str, results: dict) -> str:
     """`template` with every placeholder replaced by its figure from `results`; ValueError naming the
-    placeholder that the results cannot fill (a section that did not run, a key that moved)."""
-    def figure(m: re.Match) -> str:
-        path, fmt = m.group(1), m.group(2)
-        try:
-            value = lookup(results["sections"], path)
-            fmt = fmt or _default_format(value)
-            if fmt not in FORMATS:
-                raise ValueError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
-            return FORMATS[fmt](value)
-        except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"reading.md: {{{m.group(0)[1:-1]}}}: {e}") from None
+    placeholder that the results cannot fill (a section that did not run, a key that moved). A section
+    whose file is missing (status "missing": bench.report.SIDE_FILES) is the exception: its figures
+    read '–', and each paragraph that holds one ends by saying which file is missing and what writes it."""
+    sections = results["sections"]
+    missing = {name: sec["reason"] for name, sec in sections.items() if sec.get("status") == "missing"}
 
-    return PLACEHOLDER.sub(figure, template)
+    def paragraph(text: str) -> str:
+        absent: list[str] = []
+
+        def figure(m: re.Match) -> str:
+            path, fmt = m.group(1), m.group(2)
+            section = path.split("/")[0]
+            if section in missing:
+                absent.extend([missing[section]] if missing[section] not in absent else [])
+                return "–"
+            try:
+                value = lookup(sections, path)
+                fmt = fmt or _default_format(value)
+                if fmt not in FORMATS:
+                    raise ValueError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
+                return FORMATS[fmt](value)
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"reading.md: {{{m.group(0)[1:-1]}}}: {e}") from None
+
+        filled = PLACEHOLDER.sub(figure, text)
+        if not absent:
+            return filled
+        return filled.rstrip("\n") + f" (Not measured, shown as –: {'; '.join(absent)}.)" + \
+            text[len(text.rstrip("\n")):]
+
+    return "\n\n".join(paragraph(text) for text in template.split("\n\n"))
 
 
 # What a typed figure looks like: a number with a unit of time, size, rate or ratio. The reading's

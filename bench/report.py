@@ -13,7 +13,7 @@ import json
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.figures import Ratio, Recovery, StallRow, Transfer
@@ -29,6 +29,11 @@ README = ROOT / "README.md"
 READING = ROOT / "bench" / "reading.md"
 README_BEGIN = "<!-- bench.report: begin (python -m bench.report --write; do not edit by hand) -->"
 README_END = "<!-- bench.report: end -->"
+# Benches run outside `scripts/bench`, each writing its own file beside the results file (name, the
+# command that writes it): rendered as sections of these names where the file is there, and named as
+# missing where it is not.
+SIDE_FILES = {"tokens": ("tokens.json", "python -m bench.tokens --out {path}"),
+              "image_input": ("image_input.json", "python -m bench.image_input --out {path}")}
 
 
 def _x(v: float) -> str:
@@ -111,9 +116,14 @@ def _marked(verdict: str) -> str:
     return verdict.replace("not met", "**not met**")
 
 
+def _bound(r: Ratio) -> str:
+    """The target as a bound: '≥ 0.97', or '≤ 1.5' for a cost."""
+    return f"{'≤' if r.at_most else '≥'} {r.target}"
+
+
 def target_words(r: Ratio) -> str:
     """'≥ 0.97: met', '≥ 0.97: met (undecided)', ...; '' without a target."""
-    return "" if r.target is None else f"≥ {r.target}: {_marked(r.verdict())}"
+    return "" if r.target is None else f"{_bound(r)}: {_marked(r.verdict())}"
 
 
 def _ratio_row(label: str, num: float, den: float, r: Ratio, unit: str = "", fmt: str = ".0f",
@@ -126,6 +136,9 @@ def _ratio_row(label: str, num: float, den: float, r: Ratio, unit: str = "", fmt
 
 RATIO_TABLE = ["| contender | median samples/s | ratio | 95 % interval of the ratio | target |",
                "|---|---:|---:|---|---|"]
+# The same, for rows of different units (each row's medians carry theirs).
+MEDIAN_TABLE = ["| contender | median | ratio | 95 % interval of the ratio | target |",
+                "|---|---:|---:|---|---|"]
 
 
 def _peer_rows(sec: dict) -> list[str]:
@@ -345,8 +358,7 @@ def _input_pipeline_block(read: dict, decode: dict) -> list[str]:
         return []
     return ["**Input pipeline of the image and lm tasks** (`bench/shard_read.py`, `bench/input_pipeline.py`; "
             "each comparison interleaved, rates as medians):", "",
-            "| contender | median | ratio | 95 % interval of the ratio | target |",
-            "|---|---:|---:|---|---|", *rows, ""]
+            *MEDIAN_TABLE, *rows, ""]
 
 
 def _transfers(tp: dict) -> list[tuple[dict, Transfer, Transfer]]:
@@ -366,10 +378,74 @@ def _checkpoint_throughput_block(tp: dict) -> list[str]:
             "|---|---:|---:|---|---|", *rows, ""]
 
 
-# The sections of RESULTS.md in order, each rendered from its section when that ran and is "ok".
+def _when(row: dict) -> str:
+    """'; measured 2026-12-07 06:37, load average 0.8' from a bench.tokens row's own record."""
+    m = row["measured"]
+    return f"; measured {m['started'][:16].replace('T', ' ')}, load average {m['load_average']:.1f}"
+
+
+def _tokens_block(tk: dict) -> list[str]:
+    rows, runs = [], []
+    if "token_pipeline" in tk:
+        tp = tk["token_pipeline"]
+        c, sh = tp["contenders"], tp["shape"]
+        for name, label in (
+                ("stream_inline", "token stream, each block read when needed (`--readahead-blocks 0`)"),
+                ("stream", "token stream, its default read-ahead (4 blocks on threads)"),
+                ("bare_memmap", "bare loop through a numpy memmap")):
+            r = Ratio.from_json(tp["ratios"][name])
+            rows.append(_ratio_row(f"{label} / bare loop of ranged reads", c[name]["median"] / 1e6,
+                                   c[tp["baseline"]]["median"] / 1e6, r, unit=" M tokens/s",
+                                   note=None if r.target is not None else "what a read costs; no target"))
+        runs.append(f"the token stream's {sh['seq_len']}-token windows, batch {sh['batch']}, {sh['steps']} "
+                    f"batches a run from {sh['blocks']} blocks of {sh['block_tokens']} {sh['dtype']} tokens, "
+                    f"{_repeats(tp['repeats'])}{_when(tp)}")
+    if "packing" in tk:
+        pk = tk["packing"]
+        c = pk["contenders"]
+        rows.append(_ratio_row("`pack tokens`, one tokenizer process / the tokenizer alone, per CPU-second",
+                               c["pack_tokens"]["median"], c["tokenizer_alone"]["median"],
+                               Ratio.from_json(pk["ratios"]["pack_tokens"]), unit=" MB/s", fmt=".2f"))
+        runs.append(f"packing {pk['text_mb']:.1f} MB of text, {_repeats(pk['repeats'])}{_when(pk)}")
+    if "trainer_vs_bare" in tk:
+        tr = tk["trainer_vs_bare"]
+        c = tr["contenders"]
+        cfg = c["trainer"]["config"]
+        rows.append(_ratio_row("trainer (`--task lm`) / bare Horovod loop", c["trainer"]["median"],
+                               c["bare-hvd"]["median"], Ratio.from_json(tr["efficiency"]), unit=" tokens/s"))
+        runs.append(f"the trainer's GPT of {cfg['layers']} layers, width {cfg['dim']}, context "
+                    f"{cfg['seq_len']}, batch {cfg['batch_size']} per worker, {cfg['workers']} workers, "
+                    f"{tr['window']}, {_repeats(tr['repeats'])}{_when(tr)}")
+    return [f"**The lm task's text path and trainer** (`python -m bench.tokens`, outside `scripts/bench`, "
+            f"from `{tk['side_file']}`; each comparison interleaved, rates as medians):", "",
+            *MEDIAN_TABLE, *rows, "", "Each row's run: " + "; ".join(runs) + ".", ""]
+
+
+def _image_input_block(ii: dict) -> list[str]:
+    comp = ii["comparison"]
+    c, cpu = comp["contenders"], ii["main_cpu_us_per_image"]
+    cfg = c["task-2w"]["config"]
+    rate = {name: c[name]["median"] for name in ("task-2w", "task-1w", "bare-wds-2w")}
+    return [f"**The image task's input path at photo sizes** (`python -m bench.image_input`, outside "
+            f"`scripts/bench`, from `{ii['side_file']}`: the task's loader against a bare WebDataset loop "
+            f"with the same decoder and crops, {cfg['width']}x{cfg['height']} JPEGs at quality "
+            f"{cfg['quality']}, {cfg['size']} px crops, batch {cfg['batch']}, {cfg['images_per_run']} images "
+            f"a run, {_repeats(comp['repeats'])}, interleaved):", "",
+            *MEDIAN_TABLE,
+            _ratio_row("the task's loader / bare loop, 2 DataLoader workers each", rate["task-2w"],
+                       rate["bare-wds-2w"], Ratio.from_json(ii["images_per_s_vs_bare"]), unit=" images/s"),
+            _ratio_row("the training process's CPU per image: the task's loader / bare loop", cpu["task-2w"],
+                       cpu["bare-wds-2w"], Ratio.from_json(ii["main_cpu_per_image_vs_bare"]), unit=" µs"),
+            _ratio_row("the task's loader, 2 workers / 1 worker", rate["task-2w"], rate["task-1w"],
+                       Ratio.from_json(ii["two_workers_vs_one"]), unit=" images/s"), ""]
+
+
+# The sections of RESULTS.md in order, each rendered from its section when that ran and is "ok"; the
+# side files' sections last.
 BLOCKS = (("headline", _headline_block), ("peer_study", _study_block), ("checkpoint_stall", _stall_block),
           ("recovery", _recovery_block), ("plan_time", _plan_time_block), ("image_task", _image_task_block),
-          ("checkpoint_throughput", _checkpoint_throughput_block))
+          ("checkpoint_throughput", _checkpoint_throughput_block), ("tokens", _tokens_block),
+          ("image_input", _image_input_block))
 
 
 def markdown(r: dict) -> str:
@@ -381,8 +457,10 @@ def markdown(r: dict) -> str:
             out += _input_pipeline_block(ok.get("shard_read", {}), ok.get("input_pipeline", {}))
         if name in ok:
             out += block(ok[name])
-    failed = [f"{name} ({sec['status']}: {sec.get('reason', '')[:200]})" for name, sec in s.items()
-              if name not in ok]
+    # a failed section's reason may be a long error, cut; a missing side file's is ours, and names a path
+    failed = [f"{name} ({sec['status']}: "
+              f"{sec['reason'] if 'side_file' in sec else sec.get('reason', '')[:200]})"
+              for name, sec in s.items() if name not in ok]
     if failed:
         out += ["Not measured in this run: " + "; ".join(failed), ""]
     return "\n".join(out)
@@ -393,6 +471,8 @@ def _runs(r: dict) -> list[tuple[dict, list[str]]]:
     or several where a run of some sections kept the others (bench.results.merge)."""
     runs: dict[tuple, tuple[dict, list[str]]] = {}
     for name, sec in r["sections"].items():
+        if "side_file" in sec:  # not a run of scripts/bench: each side file's rows say when they ran
+            continue
         m = sec.get("measured") or measured_by(r)
         runs.setdefault((m["run_started_at"], m["command"]), (m, []))[1].append(name)
     return [runs[key] for key in sorted(runs)]
@@ -416,13 +496,49 @@ def _measured_by(r: dict) -> str:
 
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def side_section(name: str, folder: Path) -> dict:
+    """The section `name` of SIDE_FILES from its file in `folder`, its ratios against their targets
+    (bench.tokens.with_targets, bench.image_input.with_targets); {"status": "missing", ...} naming the
+    command that writes it where the file is not there. ValueError for a file that cannot be read."""
+    file, command = SIDE_FILES[name]
+    path = folder / file
+    where = _shown(path)
+    if not path.exists():
+        return {"status": "missing", "side_file": where,
+                "reason": f"{where} is not there; `{command.format(path=where)}` writes it"}
+    if name == "tokens":
+        from bench.tokens import with_targets  # imports torch: only where the file is there
+    else:
+        from bench.image_input import with_targets
+    try:
+        return {**with_targets(json.loads(path.read_text())), "status": "ok", "side_file": where}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read {where}: {type(e).__name__}: {e}") from None
+
+
+def load_results(path: Path) -> dict:
+    """The results file at `path` with the side files beside it as its sections SIDE_FILES (what
+    `python -m bench.report` renders); ValueError or OSError naming a file that cannot be read."""
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    side = {name: side_section(name, path.parent) for name in SIDE_FILES}
+    return {**results, "sections": {**results["sections"], **side}}
+
+
 def results_page(r: dict, reading: str) -> str:
     """bench/RESULTS.md: every figure of `r` with its method, then the hand-written reading."""
     return "\n".join([
         "# Benchmark results",
         "",
         "Generated by `python -m bench.report --write` from `bench/results/"
-        f"{r['name']}.json` and `bench/reading.md`; the short table in the README comes from the same file.",
+        f"{r['name']}.json` (and the files of the benches run outside `scripts/bench` beside it) and "
+        "`bench/reading.md`; the short table in the README comes from the same files.",
         "",
         markdown(r).rstrip("\n"),
         "",
@@ -441,12 +557,18 @@ def readme_table(r: dict) -> str:
         rows += [_readme_row("trainer / bare Horovod loop (samples/s)", Ratio.from_json(h["efficiency"])),
                  _readme_row("trainer / torch DDP over Gloo (samples/s)",
                              Ratio.from_json(h["peer"]["trainer"]))]
-    if "checkpoint_stall" in ok:
-        for z in map(StallRow.from_json, ok["checkpoint_stall"]["sizes"]):
-            if z.workers == 1:
-                rows.append(f"| training time lost per checkpoint of {z.checkpoint_bytes / 1e6:.1f} MB, "
-                            f"a core to spare | {z.lost_per_checkpoint_s * 1e3:.1f} ms against a "
-                            f"{z.baseline_step_s * 1e3:.1f} ms step | < 1 step: {_marked(z.verdict())} |")
+    stall = ok.get("checkpoint_stall", {}).get("sizes", [])
+    spare = [z for z in map(StallRow.from_json, stall) if z.workers == 1]
+    if spare:  # one row for all sizes (README's limit), 'a / b / c' in each cell
+
+        def each(figure: Callable[[StallRow], str]) -> str:
+            return " / ".join(map(figure, spare))
+
+        rows.append(f"| training time lost per checkpoint of "
+                    f"{each(lambda z: f'{z.checkpoint_bytes / 1e6:.1f}')} MB, a core to spare | "
+                    f"{each(lambda z: f'{z.lost_per_checkpoint_s * 1e3:.1f}')} ms "
+                    f"against a {each(lambda z: f'{z.baseline_step_s * 1e3:.1f}')} ms step | "
+                    f"< 1 step: {each(lambda z: _marked(z.verdict()))} |")
     if "recovery" in ok:
         rc = Recovery.from_json(ok["recovery"])
         rows.append(f"| spot reclaim: SIGTERM to training resumed, steps lost | "
@@ -461,18 +583,30 @@ def readme_table(r: dict) -> str:
             rows.append(_readme_row(what, Ratio.from_json(ok[name]["ratio"])))
     if "checkpoint_throughput" in ok:
         for z, write, restore in _transfers(ok["checkpoint_throughput"]):  # one row a size (README's limit)
-            (w, wv), (rs, rv) = _readme_cells(write.ratio), _readme_cells(restore.ratio)
-            rows.append(f"| checkpoint write / restore, {z['bytes'] / 1e9:.1f} GB / bare boto3, local S3 | "
-                        f"{w} / {rs} | ≥ {write.ratio.target}: {wv} / {rv} |")
+            rows.append(_readme_pair(f"checkpoint write / restore, {z['bytes'] / 1e9:.1f} GB / bare boto3, "
+                                     "local S3", write.ratio, restore.ratio))
+    tk = ok.get("tokens", {})
+    if "token_pipeline" in tk:
+        ratios = {name: Ratio.from_json(v) for name, v in tk["token_pipeline"]["ratios"].items()}
+        rows.append(_readme_pair("lm token stream, inline / read-ahead / bare reads", ratios["stream_inline"],
+                                 ratios["stream"]))
+    if "packing" in tk:
+        rows.append(_readme_row("lm packing / tokenizer alone (MB per CPU-s)",
+                                Ratio.from_json(tk["packing"]["ratios"]["pack_tokens"])))
+    if "trainer_vs_bare" in tk:
+        rows.append(_readme_row("lm trainer / bare Horovod loop (tokens/s)",
+                                Ratio.from_json(tk["trainer_vs_bare"]["efficiency"])))
     runs = _runs(r)
     # The README has a size limit: the runs of single sections are named in RESULTS.md only.
-    dates = sorted({m["run_started_at"][:10] for m, _ in runs})  # the first and the last
+    dates = sorted({m["run_started_at"][:10] for m, _ in runs} |
+                   {row["measured"]["started"][:10] for row in tk.values() if isinstance(row, dict)})
     by = f"{' to '.join(dates[::max(1, len(dates) - 1)])} by " + \
         (f"{len(runs)} runs of `scripts/bench` sections" if len(runs) > 1 else f"`{runs[0][0]['command']}`")
+    if tk:
+        by += " and `bench.tokens`"
     head = [
-        f"Measured {by} on {m['cores']} cores ({m['cpu_model']}), shared with other work: read the "
-        "ratios (95 % interval in parentheses), not the rates. Methods and every figure: "
-        "[bench/RESULTS.md](bench/RESULTS.md).",
+        f"Measured {by} on {m['cores']} shared cores ({m['cpu_model']}): read the ratios (95 % interval "
+        "in parentheses). Methods, every figure: [bench/RESULTS.md](bench/RESULTS.md).",
         "",
         "| what | measured | target |",
         "|---|---|---|",
@@ -488,7 +622,13 @@ def _readme_cells(r: Ratio) -> tuple[str, str]:
 
 def _readme_row(what: str, r: Ratio) -> str:
     ratio, words = _readme_cells(r)
-    return f"| {what} | {ratio} | ≥ {r.target}: {words} |"
+    return f"| {what} | {ratio} | {_bound(r)}: {words} |"
+
+
+def _readme_pair(what: str, first: Ratio, second: Ratio) -> str:
+    """One row for two ratios against the same target, 'first / second' in each cell."""
+    (a, av), (b, bv) = _readme_cells(first), _readme_cells(second)
+    return f"| {what} | {a} / {b} | {_bound(first)}: {av} / {bv} |"
 
 
 def replace_readme_table(readme: str, table: str) -> str:
@@ -506,10 +646,13 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"write {RESULTS_MD.relative_to(ROOT)} and README.md's table instead of printing")
     args = p.parse_args(argv)
     try:
-        results = json.loads(args.path.read_text())
+        results = load_results(args.path)
         reading = READING.read_text()
-    except (OSError, json.JSONDecodeError) as e:
-        print(f"bench.report: cannot read {getattr(e, 'filename', None) or args.path}: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"bench.report: cannot read {e.filename or args.path}: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"bench.report: {e}", file=sys.stderr)
         return 2
     if not args.write:
         print(results_page(results, reading), end="")

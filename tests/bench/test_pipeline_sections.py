@@ -177,7 +177,7 @@ def test_a_document_merged_from_two_runs_names_both_and_what_each_measured(resul
     results["sections"]["image_task"] = {**sections.peer_figures(comparison, shape), "data": "digits",
                                          "measured": later}
     assert ("Measured 2026-01-01 to 2026-02-01 by 2 runs of `scripts/bench` sections "
-            "on 2 cores (Test CPU)") in report.readme_table(results)
+            "on 2 shared cores (Test CPU)") in report.readme_table(results)
     text = report.markdown(results)
     assert ("Measured with 2 runs: `scripts/bench` (2026-01-01T00:00:00+00:00 to 2026-01-01T00:10:00+00:00, "
             "load average 1.0 at the start) for peer_study, headline, recovery; `scripts/bench --sections "
@@ -186,4 +186,4 @@ def test_a_document_merged_from_two_runs_names_both_and_what_each_measured(resul
     assert "untimed for all contenders); load average 7.5 to 9.2 during it." in text
     # one run: as before
     del results["sections"]["image_task"]
-    assert "Measured 2026-01-01 by `scripts/bench` on 2 cores" in report.readme_table(results)
+    assert "Measured 2026-01-01 by `scripts/bench` on 2 shared cores" in report.readme_table(results)
