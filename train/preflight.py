@@ -16,7 +16,8 @@ the first step every job measures:
 
 The floor is per instance type, from the catalog (infra/catalog.yaml, with its source), passed as
 --preflight-min-busbw; without a floor the figure is measured and reported only. Elastic jobs skip it
-(train/run.py preflight(): a joining worker's collectives would meet no others).
+(train/run.py preflight(): a joining worker's collectives would meet no others); the job flow runs it
+before them as a static job, `--preflight-only`, and keeps a slow node out (cluster/preflight_gate.py).
 """
 
 from __future__ import annotations
