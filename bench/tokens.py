@@ -12,8 +12,8 @@ token_pipeline   tokens/s of the lm task's stream (train.tokens.WindowStream: a 
                  batches, bit for bit. A bare loop through a numpy memmap of the shards is measured
                  beside them, for what a read costs. The shards are packed at the product's default
                  block size (train.tokens.BLOCK_TOKENS).
-packing          MB of text per CPU-second of `pack tokens` with one tokenizer process (its main
-                 process and the worker, both counted) against the tokenizer alone
+packing          MB of text per CPU-second of `python -m train.data pack tokens --workers 1` run as a
+                 command (its process and its worker, both counted) against the tokenizer alone
                  (Tokenizer.encode_batch_fast in one process) on the same documents.
 trainer_vs_bare  tokens/s of `python -m train --task lm` (2 workers under horovodrun, as the backends
                  launch it) against a bare Horovod loop training the same GPT on the same batches
@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -169,8 +170,6 @@ def view_length(view, batch: int) -> int:
 def packing(data: Corpus, plan: TokensPlan, root: Path) -> dict:
     from tokenizers import Tokenizer
 
-    from train import pack_tokens
-
     tok = Tokenizer.from_file(str(data.tokenizer))
     mb = sum(map(len, data.docs)) / 1e6
     runs = iter(range(10_000))
@@ -183,10 +182,14 @@ def packing(data: Corpus, plan: TokensPlan, root: Path) -> dict:
         return {"mb_per_cpu_s": mb / (_cpu_s() - cpu)}
 
     def pack() -> dict:
+        # As users run it: the CLI in a process of its own, its worker spawned from it. Run in this
+        # process instead, the spawned worker would import this bench (its __main__) and torch with it.
         cpu = _cpu_s()
         out = root / f"pack-{next(runs)}"
-        pack_tokens.pack_tokens([str(data.parquet)], str(out), str(data.tokenizer), workers=1,
-                                memory_mb=256, shard_mb=64, block_tokens=plan.block_tokens)
+        subprocess.run([sys.executable, "-m", "train.data", "pack", "tokens", "--src", str(data.parquet),
+                        "--tokenizer", str(data.tokenizer), "--out", str(out), "--workers", "1",
+                        "--memory-mb", "256", "--shard-mb", "64", "--block-tokens", str(plan.block_tokens)],
+                       check=True, capture_output=True, timeout=plan.timeout_s)
         return {"mb_per_cpu_s": mb / (_cpu_s() - cpu)}
 
     result = run_comparison([Contender("tokenizer_alone", alone), Contender("pack_tokens", pack)],
