@@ -76,10 +76,7 @@ def block_readers(view: WindowView) -> dict[str, Callable[[int], np.ndarray]]:
         return maps[block.shard][block.start:block.start + block.tokens]
 
     def ranged(b: int) -> np.ndarray:
-        block, size = ds.blocks[b], ds.dtype.itemsize
-        name = ds.index["shards"][block.shard]["name"]
-        data = ds.store.get_range(name, block.start * size, (block.start + block.tokens) * size)
-        return np.frombuffer(data, dtype=ds.dtype)
+        return np.frombuffer(ds.fetch_block(b), dtype=ds.dtype)   # the stream's read, unverified
 
     return {"memmap": memmap, "range": ranged}
 

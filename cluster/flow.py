@@ -230,9 +230,8 @@ def format_summary(result: FlowResult) -> str:
             lines.append(f"  fault injected     {r.fault} {r.host} at step {r.step}")
     every_record = [m for a in ([result.preflight] if result.preflight else []) + result.attempts
                     for m in a.metrics]
-    preflight = [m["preflight"] for m in every_record if isinstance(m.get("preflight"), dict)]
-    if preflight:
-        p = preflight[-1]
+    p = preflight_record(every_record)
+    if p is not None:
         verdict = "passed" if p.get("passed") else f"FAILED, slow: {', '.join(p.get('slow_hosts') or ['?'])}"
         floor = f"floor {p['floor_gbps']:g} GB/s" if p.get("floor_gbps") is not None else "no floor"
         lines.append(f"  preflight          allreduce busbw {p['busbw_gbps']:g} GB/s over {p['ranks']} ranks "
