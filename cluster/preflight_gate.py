@@ -69,7 +69,7 @@ def decide_gate(exit_code: int | None, record: Mapping | None, pod_nodes: Mappin
                                     f"{', '.join(unknown)} is not known: not run")
     nodes = tuple(sorted({pod_nodes[pod] for pod in slow}))
     left, needed = job.num_hosts - len(nodes), job.min_hosts or 1
-    named = ", ".join(f"{node} ({pod})" for pod in slow for node in [pod_nodes[pod]])
+    named = ", ".join(f"{pod_nodes[pod]} ({pod})" for pod in slow)
     if left < needed:
         return GateDecision(failure=f"below the floor ({figure}); slow: {named}; the {left} other host(s) "
                                     f"are fewer than the job's minimum of {needed}: not run")
