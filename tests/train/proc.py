@@ -64,6 +64,23 @@ def train_workers(proc: subprocess.Popen) -> list[psutil.Process]:
     return out
 
 
+
+def vanish(proc: subprocess.Popen) -> None:
+    """The node vanishes: the launcher and every process under it stop at once, then die. Killed one
+    by one, a survivor could react to the first death in between (the launcher SIGTERMs the others,
+    whose stop aborts the checkpoint in flight), which no real node loss allows."""
+    frozen = [psutil.Process(proc.pid)]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        frozen[0].suspend()   # first: it cannot signal the rest
+        frozen += frozen[0].children(recursive=True)
+    for p in frozen[1:]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.suspend()
+    for p in frozen:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.communicate(timeout=30)
+
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None,
              interval: float = 0.05):
     """Poll `predicate` until truthy; fail early (with the run's output) if `proc` ends first."""

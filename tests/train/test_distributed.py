@@ -27,6 +27,7 @@ from tests.train.proc import (
     start,
     train_cmd,
     train_workers,
+    vanish,
     wait_for,
     worker_env,
 )
@@ -133,10 +134,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_last_complete_one(tm
              120, "checkpoint 10 complete and the next one half-written", proc)
     [partial] = half_written()
     assert not (partial / "manifest.json").exists()
-    for p in train_workers(proc):
-        p.send_signal(signal.SIGKILL)  # the node vanishes mid-write
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
+    vanish(proc)  # mid-write
 
     r = run(horovodrun_cmd(2, *args, "--steps", "25"))
     assert r.returncode == 0, r.stdout[-4000:]
