@@ -21,7 +21,6 @@ from tests.train.proc import (
     wait_for,
     worker_env,
 )
-from train import tokens
 from train.summary import parse_summary
 
 pytestmark = pytest.mark.slow
@@ -150,43 +149,3 @@ def test_lm_task_on_two_workers_resumes_bit_for_bit_and_its_loss_and_perplexity_
     assert [e["step"] for e in evals] == [15, 30]
     assert evals[1]["eval_perplexity"] < evals[0]["eval_perplexity"]
     assert evals[1]["eval_perplexity"] < 512 / 2  # better than a uniform guess over the vocabulary
-
-
-def _peak_rss_kb(args: list[str], env: dict) -> tuple[int, dict]:
-    """One worker's peak resident memory and its summary. VmHWM, the peak of this process's own memory:
-    ru_maxrss is carried across execve from the forking process (getrusage(2)), here pytest's."""
-    code = ("import sys; from train.__main__ import main; rc = main(sys.argv[1:]); "
-            "print('PEAK_RSS_KB', next(ln.split()[1] for ln in open('/proc/self/status') "
-            "if ln.startswith('VmHWM')), flush=True); sys.exit(rc)")
-    r = run([sys.executable, "-c", code, "--no-progress", *args], env=worker_env(env), timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
-    peak = int(next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("PEAK_RSS_KB")))
-    return peak, parse_summary(r.stdout)
-
-
-def test_a_workers_memory_does_not_grow_with_the_number_of_blocks(tmp_path):
-    # 10 and 100 blocks of 0.64 MB (160 k uint32 tokens, 627 windows of 255 + 1): a block a step, so the
-    # 100-block run reads 64 MB it could not keep in memory without showing it. (A vocabulary of 16 and
-    # a width of 4 keep the 160 k tokens a step cheap.) Peak RSS moves by up to 8 MB between identical
-    # runs (seen in CI with 0.16 MB blocks), so the blocks are large enough to stand well above that.
-    rng = np.random.default_rng(0)
-    block, seq, windows = 160_000, 255, 627
-    peaks = {}
-    for n in (10, 100):
-        uri = tmp_path / f"s{n}"
-        uri.mkdir()
-        values = rng.integers(0, 16, n * block, dtype=np.uint32)
-        data, entry = tokens.shard_entry(tokens.shard_name(0), values, block)
-        (uri / entry["name"]).write_bytes(data)
-        (uri / tokens.INDEX).write_text(json.dumps({
-            "format": tokens.FORMAT, "kind": "tokens", "dtype": "uint32", "vocab_size": 16, "eod_token": 0,
-            "block_tokens": block, "tokens": n * block, "documents": n, "shards": [entry]}))
-        peaks[n], summary = _peak_rss_kb(["--task", "lm", "--data", str(uri), "--layers", "1", "--heads", "1",
-                                          "--dim", "4", "--seq-len", str(seq), "--batch-size", str(windows),
-                                          "--steps", "100", "--readahead-blocks", "2"], {})
-        assert summary.steps == 100
-    # Streaming holds the block being read, two read ahead and the one being consumed (~4 x 0.64 MB, plus
-    # their windows as a batch); the margin, 16 MB, is under a third of what holding the 90 extra blocks'
-    # 57.6 MB would add, and twice the run-to-run noise.
-    print(peaks)
-    assert peaks[100] - peaks[10] < 16_000, peaks
