@@ -23,18 +23,18 @@ REPO = Path(__file__).resolve().parents[2]
 def test_an_image_run_ends_with_an_export_that_readme_s_snippet_evaluates_again(tmp_path):
     run_dir = tmp_path / "run"
     r = subprocess.run(
-        [RINGTRAIN, "run", "--task", "image", "--hosts", "1", "--steps", "40", "--no-reclaim",
+        [RINGTRAIN, "run", "--task", "image", "--hosts", "1", "--steps", "10", "--no-reclaim",
          "--no-progress", "--run-dir", str(run_dir), "--", "--model", "shufflenet_v2_x0_5",
          "--augment", "none", "--lr", "0.005", "--loader-workers", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = (run_dir / "summary.txt").read_text()
-    top1 = re.search(r"  evaluation         top-1 (\d\.\d{4}) \(180 samples\) \(step 40\)", summary)
+    top1 = re.search(r"  evaluation         top-1 (\d\.\d{4}) \(180 samples\) \(step 10\)", summary)
     assert top1, summary
     assert (f"  export             s3://ringtrain-local-checkpoints/exports/image, kept in {run_dir}/export"
             in summary), summary
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["export"] == "s3://ringtrain-local-checkpoints/exports/image" and record["steps"] == 40
+    assert record["export"] == "s3://ringtrain-local-checkpoints/exports/image" and record["steps"] == 10
 
     # README: the digits' evaluation split again, then the snippet
     png, train, evaluation = (tmp_path / d for d in ("digits", "digits-train", "digits-eval"))
