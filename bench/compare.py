@@ -21,7 +21,8 @@ class Contender:
 # Keys of a run's record kept in the results (per-step arrays are summarised, not stored).
 _KEPT = ("samples_per_sec", "window_s", "steps", "median_step_s", "torch_threads", "world_size", "batch_size",
          "cpus", "env", "summary_samples_per_sec", "checkpoints_written", "checkpoint_wait_s",
-         "checkpoints_deferred", "checkpoint_write_max_s", "checkpoint_write_cpu_s", "run_id", "tokens_per_s")
+         "checkpoints_deferred", "checkpoint_write_max_s", "checkpoint_write_cpu_s", "run_id", "tokens_per_s",
+         "mb_per_cpu_s", "command_mb_per_cpu_s")
 
 
 def run_comparison(

@@ -101,12 +101,13 @@ def bare_batches(view: WindowView, seed: int, batch_size: int, rank: int, world:
                                                       (view.seq_len * tokens.itemsize, tokens.itemsize))
             order, i = sample_order(seed, epoch, b, n), start
             while i < end and left:
-                take = order[i:min(end, i + batch_size - filled)]
-                batch[filled:filled + len(take)] = windows[take]
-                filled, i = filled + len(take), i + len(take)
+                j = min(end, i + batch_size - filled)
+                batch[filled:filled + j - i] = windows[order[i:j]]
+                filled, i = filled + j - i, j
                 if filled == batch_size:
                     yield batch
                     batch, filled, left = np.empty((batch_size, n_tokens), dtype=np.int64), 0, left - 1
+            del windows, tokens  # before the next read: its buffer can reuse this one's memory
             if not left:
                 break
 

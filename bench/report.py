@@ -388,25 +388,34 @@ def _tokens_block(tk: dict) -> list[str]:
     rows, runs = [], []
     if "token_pipeline" in tk:
         tp = tk["token_pipeline"]
-        c, sh = tp["contenders"], tp["shape"]
-        for name, label in (
-                ("stream_inline", "token stream, each block read when needed (`--readahead-blocks 0`)"),
-                ("stream", "token stream, its default read-ahead (4 blocks on threads)"),
-                ("bare_memmap", "bare loop through a numpy memmap")):
-            r = Ratio.from_json(tp["ratios"][name])
-            rows.append(_ratio_row(f"{label} / bare loop of ranged reads", c[name]["median"] / 1e6,
-                                   c[tp["baseline"]]["median"] / 1e6, r, unit=" M tokens/s",
-                                   note=None if r.target is not None else "what a read costs; no target"))
+        sh = tp["shape"]
+        labels = {"stream_inline": "token stream, each block read when needed (`--readahead-blocks 0`)",
+                  "stream": "token stream, its default read-ahead (4 blocks on threads)",
+                  "bare_memmap": "bare loop through a numpy memmap"}
+        untargeted = {"stream": "the mode for S3; no target here", "stream_inline": "the mode for a local "
+                      "disk; no target here", "bare_memmap": "what a read costs; no target"}
+        for comparison, where in ((tp, "local disk"), (tp["s3"], "S3")):
+            c = comparison["contenders"]
+            for name, ratio in comparison["ratios"].items():
+                r = Ratio.from_json(ratio)
+                note = None if r.target is not None else untargeted[name]
+                rows.append(_ratio_row(f"{where}: {labels[name]} / bare loop of ranged reads",
+                                       c[name]["median"] / 1e6, c[comparison["baseline"]]["median"] / 1e6, r,
+                                       unit=" M tokens/s", note=note))
         runs.append(f"the token stream's {sh['seq_len']}-token windows, batch {sh['batch']}, {sh['steps']} "
                     f"batches a run from {sh['blocks']} blocks of {sh['block_tokens']} {sh['dtype']} tokens, "
-                    f"{_repeats(tp['repeats'])}{_when(tp)}")
+                    f"{_repeats(tp['repeats'])}, every run a fresh process, on a local disk and on the "
+                    f"{tp['s3']['store']}{_when(tp)}")
     if "packing" in tk:
         pk = tk["packing"]
         c = pk["contenders"]
-        rows.append(_ratio_row("`pack tokens`, one tokenizer process / the tokenizer alone, per CPU-second",
-                               c["pack_tokens"]["median"], c["tokenizer_alone"]["median"],
-                               Ratio.from_json(pk["ratios"]["pack_tokens"]), unit=" MB/s", fmt=".2f"))
-        runs.append(f"packing {pk['text_mb']:.1f} MB of text, {_repeats(pk['repeats'])}{_when(pk)}")
+        rows.append(_ratio_row("`pack tokens`, one tokenizer process / the tokenizer alone, per CPU-second "
+                               "of one more pass over the text", c["pack_tokens"]["median"],
+                               c["tokenizer_alone"]["median"], Ratio.from_json(pk["ratios"]["pack_tokens"]),
+                               unit=" MB/s", fmt=".2f"))
+        runs.append(f"packing {pk['text_mb']:.1f} MB of text (the corpus packed twice over less once; a "
+                    f"single command, its start-up included, packs {pk['one_command_mb_per_cpu_s']:.2f} MB "
+                    f"per CPU-second), {_repeats(pk['repeats'])}{_when(pk)}")
     if "trainer_vs_bare" in tk:
         tr = tk["trainer_vs_bare"]
         c = tr["contenders"]
@@ -588,8 +597,9 @@ def readme_table(r: dict) -> str:
     tk = ok.get("tokens", {})
     if "token_pipeline" in tk:
         ratios = {name: Ratio.from_json(v) for name, v in tk["token_pipeline"]["ratios"].items()}
-        rows.append(_readme_pair("lm token stream, inline / read-ahead / bare reads", ratios["stream_inline"],
-                                 ratios["stream"]))
+        on_s3 = Ratio.from_json(tk["token_pipeline"]["s3"]["ratios"]["stream"])
+        rows.append(_readme_pair("lm token stream / bare reads: local disk inline / S3 read-ahead",
+                                 ratios["stream_inline"], on_s3))
     if "packing" in tk:
         rows.append(_readme_row("lm packing / tokenizer alone (MB per CPU-s)",
                                 Ratio.from_json(tk["packing"]["ratios"]["pack_tokens"])))

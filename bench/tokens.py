@@ -10,17 +10,23 @@ token_pipeline   tokens/s of the lm task's stream (train.tokens.WindowStream: a 
                  loop over the same blocks in the same order that reads each block by one ranged read
                  (bench.lm_loop.bare_batches with reads="range": no checksum, no thread): the same
                  batches, bit for bit. A bare loop through a numpy memmap of the shards is measured
-                 beside them, for what a read costs. The shards are packed at the product's default
-                 block size (train.tokens.BLOCK_TOKENS).
-packing          MB of text per CPU-second of `python -m train.data pack tokens --workers 1` run as a
-                 command (its process and its worker, both counted) against the tokenizer alone
-                 (Tokenizer.encode_batch_fast in one process) on the same documents.
+                 beside them, for what a read costs. The same, with the shards on the local S3 server
+                 (no memmap there). Each mode is held to the target on the store it is made for. The
+                 shards are packed at the product's default block size (train.tokens.BLOCK_TOKENS).
+                 Every run is a fresh process (bench/token_stream.py).
+packing          MB of text per CPU-second of `python -m train.data pack tokens --workers 1` run as
+                 commands (each process and its worker counted) against the tokenizer alone
+                 (Tokenizer.encode_batch_fast in one process) on the same documents, the standard
+                 library's source (13 MB): the rate of one more pass over the text, the corpus packed
+                 twice over less once, so a command's fixed start-up (about a second) weighs as little
+                 as it does on a corpus of gigabytes; a single command's own rate is kept beside it.
 trainer_vs_bare  tokens/s of `python -m train --task lm` (2 workers under horovodrun, as the backends
                  launch it) against a bare Horovod loop training the same GPT on the same batches
                  (bench/lm_loop.py through bench/worker_hvd.py), over the same steady window.
 
-The corpus is the standard library's source as Parquet (cluster/example_data.py), tokenized by a
-2,048-token BPE trained on it (--quick: one package, a 512-token BPE, a tiny GPT: a smoke run).
+The other rows' corpus is seven of the standard library's packages as Parquet
+(cluster/example_data.py), tokenized by a 2,048-token BPE trained on them (--quick: one package, a
+512-token BPE, a tiny GPT: a smoke run).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import dataclasses
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,24 +44,35 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from unittest import mock
 
 from bench.compare import Contender, run_comparison
 from bench.figures import Ratio
-from bench.lm_loop import LmShape, bare_batches, tokens_per_s
+from bench.lm_loop import LmShape, tokens_per_s
 from bench.peer import horovod_contender
-from bench.sections import EFFICIENCY_TARGET, PRODUCTION, TRAINER_DEFAULTS
+from bench.sections import (
+    EFFICIENCY_TARGET,
+    PRODUCTION,
+    STORE_BUCKET,
+    STORE_PRIORITY,
+    TRAINER_DEFAULTS,
+    object_store,
+)
 from bench.trainer_run import TrainerRun
 from train.tasks.lm import DEFAULT_SEQ_LEN, DEFAULT_SHAPE
 from train.tokens import BLOCK_TOKENS
 
+REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("json", "email", "http", "logging", "unittest", "xml", "asyncio")
 
 # Issue 36's targets (its constants, not measurements; bench.report applies them when it renders the
-# results file): the token stream against the bare loop, for both stream contenders (the memmap loop is
-# there to show what a read costs, with no target); `pack tokens` against the tokenizer alone; the
-# trainer against the bare Horovod loop (the headline's target).
+# results file): the token stream against the bare loop of ranged reads, in the read mode made for each
+# store (`--readahead-blocks 0` on a local disk, where a read costs less than a hand-off between threads;
+# the default read-ahead on S3, where it hides each GET's wait; the other mode on each store, and the
+# memmap loop, are shown with no target); `pack tokens` against the tokenizer alone; the trainer against
+# the bare Horovod loop (the headline's target).
 TOKEN_PIPELINE_TARGET = 0.95
-STREAM_CONTENDERS = ("stream", "stream_inline")
+STREAM_MODE_FOR = {"local": "stream_inline", "s3": "stream"}
 PACKING_TARGET = 0.8
 TRAINER_TARGET = EFFICIENCY_TARGET
 
@@ -69,6 +87,8 @@ class TokensPlan:
     """How big each row is: the full run and --quick differ only here."""
 
     packages: tuple[str, ...]   # standard-library packages in the corpus
+    packing_packages: tuple[str, ...] | None  # the packing row's corpus (None: the whole library)
+    packing_extra_passes: int   # the packing row's second command: the corpus 1 + this many times over
     vocab: int                  # the BPE's vocabulary
     block_tokens: int           # tokens per checksummed block of the shards (packing, trainer_vs_bare)
     pipeline_block_tokens: int  # the same, for the token_pipeline row's own shards
@@ -84,14 +104,14 @@ class TokensPlan:
 # The trainer row: the lm task's default GPT and context (train/tasks/lm.py) at a batch whose step is
 # long against the trainer's own per-step work, as a real model's is; 6 repeats are the fewest that
 # give a 95 % interval (bench.stats.median_interval).
-FULL = TokensPlan(PACKAGES, 2048, 1 << 16, BLOCK_TOKENS, repeats=8, pipeline_seq_len=1024, pipeline_batch=8,
-                  pipeline_epochs=40,
+FULL = TokensPlan(PACKAGES, None, 1, 2048, 1 << 16, BLOCK_TOKENS, repeats=8, pipeline_seq_len=1024,
+                  pipeline_batch=8, pipeline_epochs=160,
                   trainer_shape=LmShape("", steps=40, warmup=10, layers=DEFAULT_SHAPE.layers,
                                         heads=DEFAULT_SHAPE.heads, dim=DEFAULT_SHAPE.dim,
                                         seq_len=DEFAULT_SEQ_LEN, batch_size=8),
                   trainer_repeats=6, timeout_s=600)
-QUICK = TokensPlan(("json",), 512, 2048, 2048, repeats=1, pipeline_seq_len=128, pipeline_batch=4,
-                   pipeline_epochs=1,
+QUICK = TokensPlan(("json",), ("json",), 20, 512, 2048, 2048, repeats=1, pipeline_seq_len=128,
+                   pipeline_batch=4, pipeline_epochs=1,
                    trainer_shape=LmShape("", steps=10, warmup=10, layers=1, heads=2, dim=32, seq_len=32,
                                          batch_size=4),
                    trainer_repeats=1, timeout_s=120)
@@ -99,10 +119,9 @@ QUICK = TokensPlan(("json",), 512, 2048, 2048, repeats=1, pipeline_seq_len=128, 
 
 @dataclass(frozen=True)
 class Corpus:
-    """The rows' data: the Parquet corpus, its documents, the BPE trained on them, their token shards."""
+    """The rows' data: the Parquet corpus, the BPE trained on it, its token shards."""
 
     parquet: Path
-    docs: list[str]
     tokenizer: Path
     tokens: Path
 
@@ -119,46 +138,52 @@ def prepare(root: Path, plan: TokensPlan) -> Corpus:
     tok_path.write_text(tok.to_str())
     pack_tokens.pack_tokens([str(corpus)], str(root / "tokens"), str(tok_path), workers=1, memory_mb=256,
                             shard_mb=64, block_tokens=plan.block_tokens)
-    return Corpus(corpus, docs, tok_path, root / "tokens")
+    return Corpus(corpus, tok_path, root / "tokens")
 
 
 def token_pipeline(data: Corpus, plan: TokensPlan, root: Path) -> dict:
+    """The local-disk comparison, with the same shards on S3 (the local S3 server) under "s3"."""
+    from cluster.local.objectstore import LOCAL_CREDENTIALS
+
+    local = _pipeline_comparison(str(root / "tokens-pipeline"), None, data, plan,
+                                 ("bare_range", "stream", "stream_inline", "bare_memmap"))
+    # The store's credentials for this row only: later rows' runs inherit this process's environment.
+    with mock.patch.dict(os.environ, LOCAL_CREDENTIALS), object_store() as store:
+        s3 = _pipeline_comparison(f"s3://{STORE_BUCKET}/tokens-pipeline", store.endpoint_url, data, plan,
+                                  ("bare_range", "stream", "stream_inline"))
+    return {**local, "s3": {**s3, "store": f"local S3 server (moto), {STORE_PRIORITY}"}}
+
+
+def _pipeline_comparison(uri: str, endpoint_url: str | None, data: Corpus, plan: TokensPlan,
+                         names: tuple[str, ...]) -> dict:
     from train import pack_tokens, tokens
 
-    shards = root / "tokens-pipeline"
-    pack_tokens.pack_tokens([str(data.parquet)], str(shards), str(data.tokenizer), workers=1, memory_mb=256,
-                            shard_mb=64, block_tokens=plan.pipeline_block_tokens)
+    pack_tokens.pack_tokens([str(data.parquet)], uri, str(data.tokenizer), workers=1, memory_mb=256,
+                            shard_mb=64, block_tokens=plan.pipeline_block_tokens, endpoint_url=endpoint_url)
     seq_len, batch = plan.pipeline_seq_len, plan.pipeline_batch
-    view = tokens.open_dataset(str(shards), None).windows(seq_len)
+    view = tokens.open_dataset(uri, endpoint_url).windows(seq_len)
     steps = plan.pipeline_epochs * view_length(view, batch)
+    readers = {"bare_range": ("bare_range", 0), "stream": ("stream", 4), "stream_inline": ("stream", 0),
+               "bare_memmap": ("bare_memmap", 0)}
 
-    def timed(batches) -> dict:
-        t = time.perf_counter()
-        for i, _ in enumerate(batches, 1):
-            if i == steps:
-                break
-        return {"tokens_per_s": steps * batch * seq_len / (time.perf_counter() - t)}
+    def isolated(name: str) -> Contender:
+        """Each run in a fresh process (bench/token_stream.py says why)."""
+        reader, readahead = readers[name]
+        args = json.dumps({"shards": uri, "reader": reader, "readahead": readahead, "seq_len": seq_len,
+                           "batch": batch, "steps": steps, "endpoint_url": endpoint_url})
 
-    def stream(readahead: int) -> Callable[[], dict]:
         def run() -> dict:
-            s = tokens.WindowStream(view, 0, batch, 0, 1, None, readahead=readahead)
-            try:
-                return timed(s)
-            finally:
-                s.close()
-        return run
+            done = subprocess.run([sys.executable, "-m", "bench.token_stream", args], cwd=REPO, check=True,
+                                  capture_output=True, text=True, timeout=plan.timeout_s)
+            return json.loads(done.stdout.splitlines()[-1])
+        return Contender(name, run, {"readahead_blocks": readahead} if reader == "stream" else {})
 
-    def bare(reads: str) -> Callable[[], dict]:
-        return lambda: timed(bare_batches(view, 0, batch, 0, 1, reads=reads))
-
-    contenders = [Contender("bare_range", bare("range")),
-                  Contender("stream", stream(4), {"readahead_blocks": 4}),
-                  Contender("stream_inline", stream(0), {"readahead_blocks": 0}),
-                  Contender("bare_memmap", bare("memmap"))]
-    result = run_comparison(contenders, "bare_range", plan.repeats, metric="tokens_per_s", progress=_progress)
+    result = run_comparison([isolated(name) for name in names], "bare_range", plan.repeats,
+                            metric="tokens_per_s", progress=_progress)
     return {**result, "shape": {"seq_len": seq_len, "batch": batch, "steps": steps,
                                 "blocks": len(view.ds.blocks), "block_tokens": plan.pipeline_block_tokens,
-                                "dtype": view.ds.index["dtype"]}}
+                                "dtype": view.ds.index["dtype"]},
+            "isolation": "each run in a fresh process (bench/token_stream.py)"}
 
 
 def view_length(view, batch: int) -> int:
@@ -168,33 +193,54 @@ def view_length(view, batch: int) -> int:
 
 
 def packing(data: Corpus, plan: TokensPlan, root: Path) -> dict:
+    """Packing's rate per core at corpus scale: each run packs the corpus once and, as a second command,
+    twice over (its files listed twice in --src; --quick's small corpus 21 times); the CPU the second
+    command spends beyond the first's is what more passes over the text cost, with the fixed costs (two
+    interpreters, their imports, the worker's start: about a second a command) taken out, as a corpus of
+    gigabytes takes them out. The single command's own rate is kept beside it."""
     from tokenizers import Tokenizer
 
+    from cluster.example_data import write_stdlib_parquet
+    from train import text_source
+
+    corpus = root / "parquet-packing"
+    write_stdlib_parquet(corpus, list(plan.packing_packages) if plan.packing_packages else None)
+    docs = list(text_source.corpus(text_source.find_sources([str(corpus)], None), "text"))
     tok = Tokenizer.from_file(str(data.tokenizer))
-    mb = sum(map(len, data.docs)) / 1e6
+    mb = sum(map(len, docs)) / 1e6
     runs = iter(range(10_000))
 
     def alone() -> dict:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         cpu = _cpu_s()
-        for i in range(0, len(data.docs), 64):
-            tok.encode_batch_fast(data.docs[i:i + 64], add_special_tokens=False)
+        for i in range(0, len(docs), 64):
+            tok.encode_batch_fast(docs[i:i + 64], add_special_tokens=False)
         return {"mb_per_cpu_s": mb / (_cpu_s() - cpu)}
 
-    def pack() -> dict:
-        # As users run it: the CLI in a process of its own, its worker spawned from it. Run in this
-        # process instead, the spawned worker would import this bench (its __main__) and torch with it.
+    def command(passes: int) -> float:
+        """The CPU-seconds of one `pack tokens` command over `passes` copies of the corpus. As users run
+        it: the CLI in a process of its own, its worker spawned from it (run in this process instead,
+        the spawned worker would import this bench, its __main__, and torch with it)."""
         cpu = _cpu_s()
-        out = root / f"pack-{next(runs)}"
-        subprocess.run([sys.executable, "-m", "train.data", "pack", "tokens", "--src", str(data.parquet),
-                        "--tokenizer", str(data.tokenizer), "--out", str(out), "--workers", "1",
-                        "--memory-mb", "256", "--shard-mb", "64", "--block-tokens", str(plan.block_tokens)],
+        subprocess.run([sys.executable, "-m", "train.data", "pack", "tokens",
+                        "--src", *[str(corpus)] * passes,
+                        "--tokenizer", str(data.tokenizer), "--out", str(root / f"pack-{next(runs)}"),
+                        "--workers", "1", "--memory-mb", "256", "--shard-mb", "64",
+                        "--block-tokens", str(plan.block_tokens)],
                        check=True, capture_output=True, timeout=plan.timeout_s)
-        return {"mb_per_cpu_s": mb / (_cpu_s() - cpu)}
+        return _cpu_s() - cpu
+
+    def pack() -> dict:
+        extra = plan.packing_extra_passes
+        once, more = command(1), command(1 + extra)
+        return {"mb_per_cpu_s": extra * mb / (more - once), "command_mb_per_cpu_s": mb / once}
 
     result = run_comparison([Contender("tokenizer_alone", alone), Contender("pack_tokens", pack)],
                             "tokenizer_alone", plan.repeats, metric="mb_per_cpu_s", progress=_progress)
-    return {**result, "text_mb": mb}
+    command_rates = [r["command_mb_per_cpu_s"] for r in result["contenders"]["pack_tokens"]["runs"]]
+    return {**result, "text_mb": mb, "documents": len(docs),
+            "corpus": list(plan.packing_packages) if plan.packing_packages else "the standard library",
+            "one_command_mb_per_cpu_s": statistics.median(command_rates)}
 
 
 def trainer_vs_bare(data: Corpus, plan: TokensPlan, root: Path) -> dict:
@@ -234,16 +280,19 @@ def merge_rows(previous: dict, measured: dict) -> dict:
 
 
 def with_targets(results: dict) -> dict:
-    """The results file's rows with every ratio as a bench.figures.Ratio against its target (none for
-    the memmap loop), as bench.report renders them: the targets are this module's constants, applied to
+    """The results file's rows with every ratio as a bench.figures.Ratio against its target (see the
+    targets above), as bench.report renders them: the targets are this module's constants, applied to
     the file's per-repeat ratios whenever it is rendered, so a file written before a target changed
     reads against the target of now."""
     out = dict(results)
     if "token_pipeline" in results:
-        row = results["token_pipeline"]
-        out["token_pipeline"] = {**row, "ratios": {
-            name: Ratio.of(r["per_repeat"], TOKEN_PIPELINE_TARGET if name in STREAM_CONTENDERS else None)
-            .to_json() for name, r in row["ratios"].items()}}
+        def targeted(comparison: dict, store: str) -> dict:
+            def target(name: str) -> float | None:
+                return TOKEN_PIPELINE_TARGET if name == STREAM_MODE_FOR[store] else None
+            return {**comparison, "ratios": {name: Ratio.of(r["per_repeat"], target(name)).to_json()
+                                             for name, r in comparison["ratios"].items()}}
+        row = targeted(results["token_pipeline"], "local")
+        out["token_pipeline"] = {**row, "s3": targeted(row["s3"], "s3")}
     if "packing" in results:
         row = results["packing"]
         out["packing"] = {**row, "ratios": {
@@ -256,14 +305,16 @@ def with_targets(results: dict) -> dict:
 
 
 def row_line(name: str, row: dict) -> str:
-    """Every contender's median ratio to the row's baseline, with its interval."""
+    """Every contender's median ratio to the row's baseline, with its interval (then those of the row's
+    "s3" comparison, if it has one)."""
     parts = []
     for contender, ratios in row["ratios"].items():
         ratio = Ratio.of(ratios["per_repeat"])
         ci = ratio.interval
         spread = f" (95 % {ci.low:.3f}-{ci.high:.3f})" if ci else " (too few repeats for an interval)"
         parts.append(f"{contender} / {row['baseline']} = {ratio.median:.3f}{spread}")
-    return f"{name}: " + "; ".join(parts)
+    line = f"{name}: " + "; ".join(parts)
+    return line + "\n" + row_line(f"{name} on S3", row["s3"]) if "s3" in row else line
 
 
 def _progress(message: str) -> None:

@@ -39,7 +39,7 @@ def test_the_readmes_performance_table_is_rendered_from_the_committed_results():
     for gb in ("0.1", "1.0", "4.0"):
         assert f"| checkpoint write / restore, {gb} GB / bare boto3, local S3 |" in table
     # issue 36's rows, from bench/results/tokens.json
-    for row in ("| lm token stream, inline / read-ahead / bare reads |",
+    for row in ("| lm token stream / bare reads: local disk inline / S3 read-ahead |",
                 "| lm packing / tokenizer alone (MB per CPU-s) |",
                 "| lm trainer / bare Horovod loop (tokens/s) |"):
         assert row in table

@@ -67,10 +67,29 @@ def test_quick_token_pipeline_row_measures_both_read_modes_against_the_bare_rang
     out = tmp_path / "tokens.json"
     assert main(["--rows", "token_pipeline", "--quick", "--out", str(out)]) == 0
     row = json.loads(out.read_text())["token_pipeline"]
-    assert row["baseline"] == "bare_range"
+    assert row["baseline"] == row["s3"]["baseline"] == "bare_range"
     assert set(row["ratios"]) == {"stream", "stream_inline", "bare_memmap"}
-    assert row["contenders"]["stream"]["config"] == {"readahead_blocks": 4}
-    assert row["contenders"]["stream_inline"]["config"] == {"readahead_blocks": 0}
-    assert row["shape"]["block_tokens"] == QUICK.pipeline_block_tokens
-    line = capsys.readouterr().out
-    assert "stream / bare_range = " in line and "stream_inline / bare_range = " in line
+    assert set(row["s3"]["ratios"]) == {"stream", "stream_inline"}   # no memmap of an S3 object
+    for comparison in (row, row["s3"]):
+        assert comparison["contenders"]["stream"]["config"] == {"readahead_blocks": 4}
+        assert comparison["contenders"]["stream_inline"]["config"] == {"readahead_blocks": 0}
+        assert comparison["shape"]["block_tokens"] == QUICK.pipeline_block_tokens
+        assert all(s > 0 for c in comparison["contenders"].values() for s in c["samples"])
+    assert row["s3"]["store"].startswith("local S3 server")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("token_pipeline: ") and "stream_inline / bare_range = " in lines[0]
+    assert lines[1].startswith("token_pipeline on S3: stream / bare_range = ")
+
+
+def test_quick_packing_row_measures_the_command_against_the_tokenizer_alone(tmp_path, capsys):
+    out = tmp_path / "tokens.json"
+    assert main(["--rows", "packing", "--quick", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["packing"]
+    assert (row["baseline"], set(row["ratios"])) == ("tokenizer_alone", {"pack_tokens"})
+    assert row["corpus"] == ["json"]
+    assert row["text_mb"] > 0.01 and row["documents"] >= 5   # the json package's sources
+    assert all(c["samples"][0] > 0 for c in row["contenders"].values())
+    # the rate of one more pass (twice over less once) above the single command's, fixed costs and all
+    [run] = row["contenders"]["pack_tokens"]["runs"]
+    assert run["mb_per_cpu_s"] > run["command_mb_per_cpu_s"] == row["one_command_mb_per_cpu_s"]
+    assert "packing: pack_tokens / tokenizer_alone = " in capsys.readouterr().out
