@@ -8,6 +8,10 @@ with pinned checkpoint staging, then a resume, then bf16). Without it (Horovod i
 which that machine cannot download), the same paths run as components: the project's CNN trained
 under fp16 autocast + GradScaler and under bf16 autocast in channels_last, the checkpoint writer in
 async_with_pinned_mem mode, and the restore through CheckpointStore, compared bitwise.
+
+Then the trainer's own step against bare loops: the image task's (bench/gpu_step.py: ResNet-50, batch
+256, synthetic and packed JPEGs) and the lm task's (bench/gpu_lm.py: GPT-2 small at context 1,024, fed
+by the task's token stream, without and with --compile, with MFU).
 """
 
 from __future__ import annotations
@@ -202,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench.gpu_step import measure  # the trainer's own step against a bare loop (issue 35)
 
         measure(report, check, lambda: resnet50(batch_size=256))
+        from bench.gpu_lm import measure as measure_lm  # the lm task's step and input (issue 36)
+
+        measure_lm(report, check)
         failed = [k for k, v in report["checks"].items() if v["status"] == "failed"]
         report["status"] = f"failed: {', '.join(failed)}" if failed else "ok"
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

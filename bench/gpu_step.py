@@ -101,23 +101,16 @@ def horovod_or_stand_in():
     return hvd, None
 
 
-def trainer_images_per_sec(data: str, *, model: str = "resnet50", batch: int = 256,
-                           image_size: int = 224, precision: str = "bf16", steps: int = 30, warmup: int = 8,
-                           loader_workers: int = 0, decode: str = "auto", hvd=None) -> dict:
-    """Images/s of `Trainer.train_step` over `steps` after `warmup`, one worker."""
+def timed_trainer_steps(args: list[str], hvd, steps: int, warmup: int):
+    """(the trainer built from `args`, the seconds of each of its `steps` train_step calls after `warmup`
+    untimed ones, the seconds of all `steps` together). The caller closes trainer.task."""
     import torch
 
     from train.config import parse_args
     from train.stop import STOP
     from train.trainer import Progress, Trainer
 
-    hvd = hvd or horovod_or_stand_in()[0]
-    cfg = parse_args(["--task", "image", "--data", data, "--model", model, "--batch-size", str(batch),
-                      "--image-size", str(image_size), "--precision", precision,
-                      "--steps", str(warmup + steps),
-                      "--loader-workers", str(loader_workers), "--decode", decode, "--no-progress",
-                      "--cpu-affinity", "off", "--num-classes", "1000"])
-    trainer = Trainer(cfg, hvd, STOP)
+    trainer = Trainer(parse_args(args), hvd, STOP)
     trainer.prepare_inputs()
     trainer.build()
     progress = Progress()
@@ -132,7 +125,19 @@ def trainer_images_per_sec(data: str, *, model: str = "resnet50", batch: int = 2
         trainer.train_step(progress)  # its loss's .tolist() waits for the step on the GPU
         times.append(time.perf_counter() - t)
     sync()
-    elapsed = time.perf_counter() - started
+    return trainer, times, time.perf_counter() - started
+
+
+def trainer_images_per_sec(data: str, *, model: str = "resnet50", batch: int = 256,
+                           image_size: int = 224, precision: str = "bf16", steps: int = 30, warmup: int = 8,
+                           loader_workers: int = 0, decode: str = "auto", hvd=None) -> dict:
+    """Images/s of `Trainer.train_step` over `steps` after `warmup`, one worker."""
+    hvd = hvd or horovod_or_stand_in()[0]
+    trainer, times, elapsed = timed_trainer_steps(
+        ["--task", "image", "--data", data, "--model", model, "--batch-size", str(batch),
+         "--image-size", str(image_size), "--precision", precision, "--steps", str(warmup + steps),
+         "--loader-workers", str(loader_workers), "--decode", decode, "--no-progress",
+         "--cpu-affinity", "off", "--num-classes", "1000"], hvd, steps, warmup)
     trainer.task.close()
     return {"images_per_sec": round(batch * steps / elapsed, 1),
             "median_step_ms": round(statistics.median(times) * 1e3, 2), "steps": steps, "batch_size": batch,
