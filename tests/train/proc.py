@@ -64,7 +64,6 @@ def train_workers(proc: subprocess.Popen) -> list[psutil.Process]:
     return out
 
 
-
 def vanish(proc: subprocess.Popen) -> None:
     """The node vanishes: the launcher and every process under it stop at once, then die. Killed one
     by one, a survivor could react to the first death in between (the launcher SIGTERMs the others,
@@ -80,6 +79,7 @@ def vanish(proc: subprocess.Popen) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     proc.communicate(timeout=30)
+
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None,
              interval: float = 0.05):
