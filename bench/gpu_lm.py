@@ -2,9 +2,10 @@
 `gpt2-small` preset: 124 M parameters with GPT-2's vocabulary), context 1,024, bf16, AdamW, as
 `Trainer.train_step` runs it on batches that the task's own stream (train.tokens.WindowStream) cuts
 from token shards on the local disk, without and with `--compile`. Each is reported against a bare
-torch loop of the same model, batch, precision and optimizer on one batch kept on the device (what
-nanoGPT's bench.py times), run in the same call, with MFU (train.throughput's peak table) beside each:
-what the GPU waits for beyond its own step is the ratio's shortfall.
+torch loop of the same model, batch, precision and optimizer on one batch kept on the device (nanoGPT's
+bench.py with real_data=False), run in the same call, with MFU (train.throughput's peak table) beside
+each: the ratio's shortfall is what the trainer adds around the step, its own per-step work and any
+wait of the GPU on the input.
 
 The shards hold random tokens (numpy only: the GPU machines have no tokenizer to train): the figures
 are the step's and the input path's, not a language model's. Where Horovod is not importable, the
@@ -45,10 +46,11 @@ def token_shards(workdir: Path, tokens: int = 1 << 22, vocab: int = GPT2_VOCAB, 
     return str(out)
 
 
-def _rates(tokens_per_step: int, times: list[float], flops_per_token: float, device) -> dict:
+def _rates(tokens_per_step: int, times: list[float], elapsed: float, flops_per_token: float, device) -> dict:
+    """The rate over `elapsed` (all the timed steps, to the GPU's last work), the median step."""
     from train.throughput import mfu, peak_flops
 
-    rate = tokens_per_step * len(times) / sum(times)
+    rate = tokens_per_step * len(times) / elapsed
     out = {"tokens_per_sec": round(rate, 1), "median_step_ms": round(statistics.median(times) * 1e3, 2)}
     if device.type == "cuda":
         import torch
@@ -90,12 +92,14 @@ def bare_loop(shape=None, vocab: int = GPT2_VOCAB, seq_len: int = SEQ_LEN, batch
         step()
     sync()
     times = []
+    started = time.perf_counter()
     for _ in range(steps):
         t = time.perf_counter()
         step()
         sync()
         times.append(time.perf_counter() - t)
-    return {**_rates(batch * seq_len, times, flops, device), "steps": steps, "batch_size": batch,
+    elapsed = time.perf_counter() - started
+    return {**_rates(batch * seq_len, times, elapsed, flops, device), "steps": steps, "batch_size": batch,
             "seq_len": seq_len, "precision": precision, "compile": compile_model}
 
 
@@ -112,11 +116,11 @@ def trainer_tokens_per_sec(data: str, preset: str | None = "gpt2-small", seq_len
             str(WEIGHT_DECAY), "--steps", str(warmup + steps), "--readahead-blocks", "0", "--no-progress",
             "--cpu-affinity", "off", *(["--model-preset", preset] if preset else []), *model_flags,
             *(["--compile"] if compile_model else [])]
-    trainer, times, _ = timed_trainer_steps(args, hvd, steps, warmup)
+    trainer, times, elapsed = timed_trainer_steps(args, hvd, steps, warmup)  # elapsed: to the last sync
     flops = trainer.task.flops_per_token(trainer.model)
     trainer.task.close()
-    return {**_rates(batch * seq_len, times, flops, trainer.device), "steps": steps, "batch_size": batch,
-            "seq_len": seq_len, "precision": trainer.precision, "compile": compile_model,
+    return {**_rates(batch * seq_len, times, elapsed, flops, trainer.device), "steps": steps,
+            "batch_size": batch, "seq_len": seq_len, "precision": trainer.precision, "compile": compile_model,
             "data": "token shards, local disk, task stream inline"}
 
 

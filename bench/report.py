@@ -394,7 +394,9 @@ def _tokens_block(tk: dict) -> list[str]:
                   "bare_memmap": "bare loop through a numpy memmap"}
         untargeted = {"stream": "the mode for S3; no target here", "stream_inline": "the mode for a local "
                       "disk; no target here", "bare_memmap": "what a read costs; no target"}
-        for comparison, where in ((tp, "local disk"), (tp["s3"], "S3")):
+        for comparison, where in ((tp, "local disk"), (tp.get("s3"), "S3")):
+            if comparison is None:  # a row written before the S3 comparison
+                continue
             c = comparison["contenders"]
             for name, ratio in comparison["ratios"].items():
                 r = Ratio.from_json(ratio)
@@ -404,8 +406,9 @@ def _tokens_block(tk: dict) -> list[str]:
                                        unit=" M tokens/s", note=note))
         runs.append(f"the token stream's {sh['seq_len']}-token windows, batch {sh['batch']}, {sh['steps']} "
                     f"batches a run from {sh['blocks']} blocks of {sh['block_tokens']} {sh['dtype']} tokens, "
-                    f"{_repeats(tp['repeats'])}, every run a fresh process, on a local disk and on the "
-                    f"{tp['s3']['store']}{_when(tp)}")
+                    f"{_repeats(tp['repeats'])}"
+                    + (f", every run a fresh process, on a local disk and on the {tp['s3']['store']}"
+                       if "s3" in tp else "") + _when(tp))
     if "packing" in tk:
         pk = tk["packing"]
         c = pk["contenders"]
@@ -597,11 +600,15 @@ def readme_table(r: dict) -> str:
     tk = ok.get("tokens", {})
     if "token_pipeline" in tk:
         ratios = {name: Ratio.from_json(v) for name, v in tk["token_pipeline"]["ratios"].items()}
-        on_s3 = Ratio.from_json(tk["token_pipeline"]["s3"]["ratios"]["stream"])
-        rows.append(_readme_pair("lm token stream / bare reads: local disk inline / S3 read-ahead",
-                                 ratios["stream_inline"], on_s3))
+        s3 = tk["token_pipeline"].get("s3")
+        if s3 is None:  # a row written before the S3 comparison
+            rows.append(_readme_row("lm token stream / bare reads: local disk inline",
+                                    ratios["stream_inline"]))
+        else:
+            rows.append(_readme_pair("lm token stream / bare reads: local disk inline / S3 read-ahead",
+                                     ratios["stream_inline"], Ratio.from_json(s3["ratios"]["stream"])))
     if "packing" in tk:
-        rows.append(_readme_row("lm packing / tokenizer alone (MB per CPU-s)",
+        rows.append(_readme_row("lm packing / tokenizer alone (MB per CPU-s, one more pass)",
                                 Ratio.from_json(tk["packing"]["ratios"]["pack_tokens"])))
     if "trainer_vs_bare" in tk:
         rows.append(_readme_row("lm trainer / bare Horovod loop (tokens/s)",

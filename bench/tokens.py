@@ -292,7 +292,8 @@ def with_targets(results: dict) -> dict:
             return {**comparison, "ratios": {name: Ratio.of(r["per_repeat"], target(name)).to_json()
                                              for name, r in comparison["ratios"].items()}}
         row = targeted(results["token_pipeline"], "local")
-        out["token_pipeline"] = {**row, "s3": targeted(row["s3"], "s3")}
+        # (a row written before the S3 comparison has none: `--rows` keeps rows not re-run)
+        out["token_pipeline"] = {**row, "s3": targeted(row["s3"], "s3")} if "s3" in row else row
     if "packing" in results:
         row = results["packing"]
         out["packing"] = {**row, "ratios": {

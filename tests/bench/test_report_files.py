@@ -40,7 +40,7 @@ def test_the_readmes_performance_table_is_rendered_from_the_committed_results():
         assert f"| checkpoint write / restore, {gb} GB / bare boto3, local S3 |" in table
     # issue 36's rows, from bench/results/tokens.json
     for row in ("| lm token stream / bare reads: local disk inline / S3 read-ahead |",
-                "| lm packing / tokenizer alone (MB per CPU-s) |",
+                "| lm packing / tokenizer alone (MB per CPU-s, one more pass) |",
                 "| lm trainer / bare Horovod loop (tokens/s) |"):
         assert row in table
     assert "[bench/RESULTS.md](bench/RESULTS.md)" in table

@@ -63,6 +63,7 @@ def test_quick_trainer_vs_bare_row_writes_its_comparison(tmp_path, capsys):
     assert "trainer_vs_bare: trainer / bare-hvd = " in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a moto server and seven runs, each a process of its own
 def test_quick_token_pipeline_row_measures_both_read_modes_against_the_bare_range_loop(tmp_path, capsys):
     out = tmp_path / "tokens.json"
     assert main(["--rows", "token_pipeline", "--quick", "--out", str(out)]) == 0
@@ -81,6 +82,7 @@ def test_quick_token_pipeline_row_measures_both_read_modes_against_the_bare_rang
     assert lines[1].startswith("token_pipeline on S3: stream / bare_range = ")
 
 
+@pytest.mark.slow  # two `pack tokens` commands, each with its worker process
 def test_quick_packing_row_measures_the_command_against_the_tokenizer_alone(tmp_path, capsys):
     out = tmp_path / "tokens.json"
     assert main(["--rows", "packing", "--quick", "--out", str(out)]) == 0

@@ -68,14 +68,19 @@ def vanish(proc: subprocess.Popen) -> None:
     """The node vanishes: the launcher and every process under it stop at once, then die. Killed one
     by one, a survivor could react to the first death in between (the launcher SIGTERMs the others,
     whose stop aborts the checkpoint in flight), which no real node loss allows."""
-    frozen = [psutil.Process(proc.pid)]
+    launcher = psutil.Process(proc.pid)
+    frozen = {launcher.pid: launcher}
     with contextlib.suppress(psutil.NoSuchProcess):
-        frozen[0].suspend()   # first: it cannot signal the rest
-        frozen += frozen[0].children(recursive=True)
-    for p in frozen[1:]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.suspend()
-    for p in frozen:
+        launcher.suspend()   # first: it cannot signal the rest
+        for _ in range(20):  # again until none is new: one not yet stopped may have forked meanwhile
+            new = [p for p in launcher.children(recursive=True) if p.pid not in frozen]
+            if not new:
+                break
+            for p in new:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.suspend()
+                frozen[p.pid] = p
+    for p in frozen.values():
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     proc.communicate(timeout=30)
