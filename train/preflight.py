@@ -87,12 +87,11 @@ class PreflightResult:
         floor = "no floor set" if self.floor is None else f"floor {self.floor / 1e9:.3g} GB/s"
         text = (f"preflight: allreduce busbw {self.busbw / 1e9:.3g} GB/s over {self.ranks} ranks at "
                 f"{self.nbytes / 2**20:.0f} MiB ({floor})")
+        pairs = ", ".join(f"{a}-{b} {bw / 1e9:.3g}" for (a, b), bw in sorted(self.pairs.items()))
         if self.links_clear:
-            pairs = ", ".join(f"{a}-{b} {bw / 1e9:.3g}" for (a, b), bw in sorted(self.pairs.items()))
             text += f": below the floor, but every pair of hosts is above it (pairs, GB/s: {pairs}): passed"
         elif not self.passed:
             where = " and ".join(self.slow) if self.slow else "no single host (every pair is slow)"
-            pairs = ", ".join(f"{a}-{b} {bw / 1e9:.3g}" for (a, b), bw in sorted(self.pairs.items()))
             text += f": BELOW THE FLOOR; slow: {where} (pairs, GB/s: {pairs})"
         return text
 
